@@ -1,0 +1,130 @@
+"""fsm_agent: governed LLM agents as an explicit finite-state machine.
+
+The loop phases (PreTurn → Model → MidTurn → PostTurn) and the seven ways a
+run ends are states of a ``transitions`` machine; ordered middleware chains
+enforce policy at each phase; observers watch; an aiohttp client layer speaks
+to the providers.
+"""
+
+from ._version import __version__
+from .agent import Agent
+from .chain import MiddlewareChain
+from .errors import (
+    ChainError,
+    ConfigurationError,
+    ContextLengthExceededError,
+    FsmAgentError,
+    MiddlewareError,
+    ProviderError,
+    RunError,
+    StopRun,
+    UserError,
+)
+from .hooks import HookBus, Observer
+from .machine import TRANSITIONS, Phase, RunConfig, RunContext, Trigger
+from .middleware import (
+    Allow,
+    AskApproval,
+    Complete,
+    Continue,
+    Deny,
+    Edit,
+    FailurePolicy,
+    Middleware,
+    Ordering,
+    Respond,
+)
+from .providers import (
+    Profile,
+    Provider,
+    ProviderCapabilities,
+    ProviderConfig,
+    ProviderType,
+    RetryPolicy,
+    ScriptedProvider,
+    ToolMode,
+    create_provider,
+)
+from .tools import Tool, ToolContext, ToolEffect, ToolRegistry, tool
+from .types import (
+    AssistantMessage,
+    Message,
+    MessageRequest,
+    MessageResponse,
+    ModelStopReason,
+    PendingAction,
+    RunResult,
+    RunStop,
+    StopReason,
+    SystemMessage,
+    TextBlock,
+    ThinkingBlock,
+    ToolResultMessage,
+    ToolUseBlock,
+    TransitionEvent,
+    Usage,
+    UserMessage,
+)
+
+__all__ = [
+    "TRANSITIONS",
+    "Agent",
+    "Allow",
+    "AskApproval",
+    "AssistantMessage",
+    "ChainError",
+    "Complete",
+    "ConfigurationError",
+    "ContextLengthExceededError",
+    "Continue",
+    "Deny",
+    "Edit",
+    "FailurePolicy",
+    "FsmAgentError",
+    "HookBus",
+    "Message",
+    "MessageRequest",
+    "MessageResponse",
+    "Middleware",
+    "MiddlewareChain",
+    "MiddlewareError",
+    "ModelStopReason",
+    "Observer",
+    "Ordering",
+    "PendingAction",
+    "Phase",
+    "Profile",
+    "Provider",
+    "ProviderCapabilities",
+    "ProviderConfig",
+    "ProviderError",
+    "ProviderType",
+    "Respond",
+    "RetryPolicy",
+    "RunConfig",
+    "RunContext",
+    "RunError",
+    "RunResult",
+    "RunStop",
+    "ScriptedProvider",
+    "StopReason",
+    "StopRun",
+    "SystemMessage",
+    "TextBlock",
+    "ThinkingBlock",
+    "Tool",
+    "ToolContext",
+    "ToolEffect",
+    "ToolMode",
+    "ToolRegistry",
+    "ToolResultMessage",
+    "ToolUseBlock",
+    "TransitionEvent",
+    "Trigger",
+    "Usage",
+    "UserError",
+    "UserMessage",
+    "__version__",
+    "create_provider",
+    "tool",
+]

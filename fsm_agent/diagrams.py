@@ -1,0 +1,107 @@
+"""Mermaid state diagrams rendered from the transition table (never hand-drawn).
+
+* :func:`render_machine` — the machine itself (``diagrams/agent_loop.mmd``);
+* ``chains=`` — each phase's middleware chain of a configured agent, as notes;
+* ``trace=`` — the path one run took (from its transition events), highlighted.
+
+Output is deterministic (table order), so ``fsm-agent diagram --check`` and the
+test can compare it byte for byte with the committed file.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+
+from .machine.phases import PHASES, TRANSITIONS, Phase
+from .types.run import StopReason
+
+__all__ = ["DEFAULT_PATH", "check_diagram", "render_machine", "write_diagram"]
+
+DEFAULT_PATH = Path("diagrams") / "agent_loop.mmd"
+
+_PHASE_HOOKS = {
+    Phase.PRE_TURN: ("pre_turn",),
+    Phase.MODEL: ("wrap_model_call", "on_model_event"),
+    Phase.MID_TURN: ("on_tool_call", "wrap_tool_call"),
+    Phase.POST_TURN: ("post_turn",),
+}
+
+
+def _sid(name: str) -> str:
+    return name
+
+
+def render_machine(
+    *,
+    chains: Mapping[str, Sequence[str]] | None = None,
+    trace: Iterable[tuple[str, str, str]] | None = None,
+    title: str | None = None,
+) -> str:
+    """The Mermaid ``stateDiagram-v2`` source.
+
+    Args:
+        chains: hook name -> middleware names in execution order (``MiddlewareChain.describe()``).
+        trace: ``(from, trigger, to)`` moves of one run, in order; taken edges are labelled with
+            their order and visited states highlighted.
+        title: a comment line at the top.
+    """
+    lines = ["---", f"title: {title or 'fsm_agent loop'}", "---", "stateDiagram-v2", "    direction TB"]
+    taken: dict[tuple[str, str, str], list[int]] = {}
+    visited: Counter[str] = Counter()
+    if trace is not None:
+        for i, (a, t, b) in enumerate(trace, 1):
+            taken.setdefault((a, t, b), []).append(i)
+            visited[a] += 1
+            visited[b] += 1
+    lines.append(f"    [*] --> {Phase.IDLE.value}")
+    for tr in TRANSITIONS:
+        a, b, t = tr.source.value, tr.dest.value, tr.trigger.value
+        label = t
+        steps = taken.get((a, t, b))
+        if steps:
+            label = f"{t} #{','.join(map(str, steps))}"
+        lines.append(f"    {_sid(a)} --> {_sid(b)}: {label}")
+    for s in StopReason:
+        lines.append(f"    {s.value} --> [*]")
+    if chains:
+        for phase in PHASES:
+            entries = []
+            for hook in _PHASE_HOOKS[phase]:
+                names = list(chains.get(hook, ()))
+                if names:
+                    entries.append(f"{hook}: {' > '.join(names)}")
+            if entries:
+                lines.append(f"    note right of {phase.value}")
+                lines.extend(f"        {e}" for e in entries)
+                lines.append("    end note")
+    lines.append("    classDef terminal fill:#fde2e2,stroke:#b91c1c")
+    lines.append("    classDef done fill:#dcfce7,stroke:#15803d")
+    lines.append(f"    class {','.join(s.value for s in StopReason if s is not StopReason.COMPLETED)} terminal")
+    lines.append(f"    class {StopReason.COMPLETED.value} done")
+    if visited:
+        lines.append("    classDef visited stroke-width:4px,stroke:#1d4ed8")
+        lines.append(f"    class {','.join(sorted(visited))} visited")
+    return "\n".join(lines) + "\n"
+
+
+def write_diagram(path: Path = DEFAULT_PATH) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(render_machine(), encoding="utf-8")
+    return path
+
+
+def check_diagram(path: Path = DEFAULT_PATH) -> str | None:
+    """``None`` when ``path`` holds exactly what the table renders, else a message saying what differs."""
+    expected = render_machine()
+    try:
+        actual = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return f"{path} does not exist; run `fsm-agent diagram` to write it"
+    if actual == expected:
+        return None
+    import difflib
+
+    diff = "".join(difflib.unified_diff(actual.splitlines(True), expected.splitlines(True), str(path), "rendered"))
+    return f"{path} differs from the transition table; run `fsm-agent diagram` to regenerate:\n{diff}"

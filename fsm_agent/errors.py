@@ -1,0 +1,362 @@
+"""Every exception fsm_agent raises, in one tree.
+
+::
+
+    FsmAgentError
+    ├── UserError                      misuse, found before or at construction; never retried
+    │   ├── ConfigurationError         bad provider / agent / CLI configuration
+    │   ├── ToolDefinitionError        a function that cannot become a tool
+    │   ├── ChainError                 a middleware chain that cannot be built (cycle, missing
+    │   │                              requirement, sync/async mismatch, change after freezing)
+    │   ├── ExtraTypeError (+TypeError) MessageRequest.extra holds the wrong type for a key
+    │   └── ResumeError                resuming a session that cannot be resumed
+    └── RunError                       a failure while a run is under way
+        ├── ToolArgumentsError         a tool call's arguments do not match its schema
+        ├── MiddlewareError            a fail-closed middleware raised (wraps the cause)
+        └── ProviderError              anything a provider call can fail with; carries
+            │                          status, body, headers (lower-cased), provider, retryable
+            ├── RateLimitError         429 (retry_after seconds when the server says)
+            │   └── RateLimitRequestTooLargeError  one request exceeds a per-minute token limit: waiting won't help
+            ├── OverloadedError        529 / 503 "overloaded"
+            ├── ContextLengthExceededError   the prompt does not fit the model's window
+            ├── AuthenticationError    401
+            ├── PermissionDeniedError  403
+            ├── NotFoundError          404 (model or endpoint)
+            ├── InvalidRequestError    400 / 422 not covered above
+            │   └── InvalidHistoryError  the message history breaks protocol rules (tool_use without tool_result)
+            ├── RequestTooLargeError   413
+            ├── ServerError            5xx
+            ├── ContentFilteredError   the provider refused the content
+            ├── ProviderTimeoutError (+TimeoutError)   no first token / a stalled stream / request timeout
+            ├── ProviderConnectionError (+ConnectionError)  could not connect, or the connection dropped
+            ├── StreamError            the provider reported an error inside an HTTP 200 stream
+            ├── EmptyResponseError     the provider answered with no text, no tool call
+            └── ProviderProtocolError  bytes that do not follow the wire protocol
+
+Control-flow signals form their own family, outside :class:`FsmAgentError`::
+
+    Signal
+    └── StopRun                        middleware asks the driver to end the run with a StopReason
+
+The driver never treats a signal as a failure.
+
+A :class:`ProviderError` raised from a stream keeps what was decoded before the
+failure in ``partial`` (a ``MessageResponse`` or ``None``), so nothing the
+provider already sent is lost.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .types.requests import MessageResponse
+
+__all__ = [
+    "AuthenticationError",
+    "ChainError",
+    "ConfigurationError",
+    "ContentFilteredError",
+    "ContextLengthExceededError",
+    "EmptyResponseError",
+    "ExtraTypeError",
+    "FsmAgentError",
+    "InvalidHistoryError",
+    "MiddlewareError",
+    "InvalidRequestError",
+    "NotFoundError",
+    "OverloadedError",
+    "PermissionDeniedError",
+    "ProviderConnectionError",
+    "ProviderError",
+    "ProviderProtocolError",
+    "ProviderTimeoutError",
+    "RateLimitError",
+    "RateLimitRequestTooLargeError",
+    "RequestTooLargeError",
+    "ResumeError",
+    "RunError",
+    "ServerError",
+    "Signal",
+    "StopRun",
+    "StreamError",
+    "ToolArgumentsError",
+    "ToolDefinitionError",
+    "UserError",
+]
+
+
+class FsmAgentError(Exception):
+    """Root of every exception fsm_agent raises on purpose."""
+
+
+class UserError(FsmAgentError):
+    """The library was used wrongly; the message says what to change."""
+
+
+class ConfigurationError(UserError):
+    """A provider, agent or CLI setting is missing or invalid."""
+
+
+class ToolDefinitionError(UserError):
+    """A Python function cannot be turned into a tool (unsupported annotation, bad name)."""
+
+
+class ChainError(UserError):
+    """A middleware chain cannot be built or changed: found at construction, never mid-run."""
+
+
+class ExtraTypeError(UserError, TypeError):
+    """``MessageRequest.extra[key]`` exists but is not of the requested type."""
+
+
+class ResumeError(UserError):
+    """The session cannot be resumed (it ended COMPLETED, FAILED_TERMINAL or CANCELLED, or is unknown)."""
+
+
+class RunError(FsmAgentError):
+    """A failure while a run is under way."""
+
+
+class ToolArgumentsError(RunError):
+    """A tool call's arguments are not valid JSON or do not match the tool's JSON Schema.
+
+    The driver turns it into an error tool result the model sees; it never ends a run.
+    """
+
+
+class MiddlewareError(RunError):
+    """A middleware with failure policy ``propagate`` raised; the run ends FAILED_TERMINAL.
+
+    Attributes:
+        middleware: the middleware's name.
+        hook: the hook that raised (``pre_turn``, ``on_tool_call`` ...).
+    """
+
+    def __init__(self, middleware: str, hook: str, cause: BaseException) -> None:
+        super().__init__(f"middleware {middleware!r} failed in {hook}: {type(cause).__name__}: {cause}")
+        self.middleware = middleware
+        self.hook = hook
+
+
+class ProviderError(RunError):
+    """A provider call failed.
+
+    Attributes:
+        message: human-readable cause, including what the user can do.
+        provider: profile name (``"openai"``, ``"anthropic"``, ``"llamacpp"`` ...).
+        status: HTTP status, or ``None`` when no response arrived.
+        body: the response body as text (may be truncated to 64 KiB), or ``None``.
+        headers: response headers with lower-cased names.
+        retryable: whether retrying the same request may succeed.
+        partial: what a stream produced before it failed, or ``None``.
+        code: the provider's machine-readable error code or type, when given.
+    """
+
+    default_retryable = False
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        provider: str | None = None,
+        status: int | None = None,
+        body: str | None = None,
+        headers: Mapping[str, str] | None = None,
+        retryable: bool | None = None,
+        partial: MessageResponse | None = None,
+        code: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.provider = provider
+        self.status = status
+        self.body = body
+        self.headers: dict[str, str] = {k.lower(): v for k, v in (headers or {}).items()}
+        self.retryable = self.default_retryable if retryable is None else retryable
+        self.partial = partial
+        self.code = code
+
+    def __str__(self) -> str:
+        where = []
+        if self.provider:
+            where.append(self.provider)
+        if self.status is not None:
+            where.append(f"HTTP {self.status}")
+        prefix = f"[{' '.join(where)}] " if where else ""
+        return f"{prefix}{self.message}"
+
+    @property
+    def kind(self) -> str:
+        """Stable snake_case name of the error class (``"rate_limited"``, ``"context_length_exceeded"`` ...)."""
+        return _KINDS.get(type(self), "provider_error")
+
+    def to_info(self) -> dict[str, Any]:
+        """A JSON-ready summary for stop reasons and event logs (no headers, body cut to 2 KiB)."""
+        return {
+            "kind": self.kind,
+            "message": self.message,
+            "provider": self.provider,
+            "status": self.status,
+            "code": self.code,
+            "retryable": self.retryable,
+            "body": self.body[:2048] if self.body else None,
+        }
+
+
+class RateLimitError(ProviderError):
+    """HTTP 429. ``retry_after`` is the server's wait in seconds, when it said."""
+
+    default_retryable = True
+
+    def __init__(self, message: str, *, retry_after: float | None = None, **kw: Any) -> None:
+        super().__init__(message, **kw)
+        self.retry_after = retry_after
+
+
+class RateLimitRequestTooLargeError(RateLimitError):
+    """A single request is larger than a per-minute token limit (OpenAI 429 "Request too large ... TPM").
+
+    Not retryable and not a context-window problem: trimming to the window will not help (case B20).
+    """
+
+    default_retryable = False
+
+
+class OverloadedError(ProviderError):
+    """The provider is temporarily over capacity (Anthropic 529, ``overloaded_error``)."""
+
+    default_retryable = True
+
+
+class ContextLengthExceededError(ProviderError):
+    """The prompt (plus requested output) does not fit the model's context window.
+
+    Attributes:
+        limit: the window in tokens, when the message says.
+        requested: tokens the request needed, when the message says.
+        max_tokens_requested: for "input + max_tokens > limit" wordings, the
+            requested output tokens; lowering ``max_tokens`` to ``limit - input``
+            may be enough without trimming the history (case B20).
+        input_tokens: the input part of such a message.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        limit: int | None = None,
+        requested: int | None = None,
+        input_tokens: int | None = None,
+        max_tokens_requested: int | None = None,
+        **kw: Any,
+    ) -> None:
+        super().__init__(message, **kw)
+        self.limit = limit
+        self.requested = requested
+        self.input_tokens = input_tokens
+        self.max_tokens_requested = max_tokens_requested
+
+
+class AuthenticationError(ProviderError):
+    """HTTP 401: the API key is missing, wrong or expired."""
+
+
+class PermissionDeniedError(ProviderError):
+    """HTTP 403: the key is valid but may not use this model or feature."""
+
+
+class NotFoundError(ProviderError):
+    """HTTP 404: unknown model or wrong base URL."""
+
+
+class InvalidRequestError(ProviderError):
+    """HTTP 400/422: the request is malformed or uses an unsupported parameter."""
+
+
+class InvalidHistoryError(InvalidRequestError):
+    """The provider rejected the message history (a tool call without its result, bad order).
+
+    The runtime's repair pipeline exists to prevent it (case B02); seeing it means a repair pass is missing.
+    """
+
+
+class RequestTooLargeError(ProviderError):
+    """HTTP 413, or a per-request size/TPM limit that retrying will not fix."""
+
+
+class ServerError(ProviderError):
+    """HTTP 5xx from the provider."""
+
+    default_retryable = True
+
+
+class ContentFilteredError(ProviderError):
+    """The provider's content filter blocked the prompt or the answer."""
+
+
+class ProviderTimeoutError(ProviderError, TimeoutError):
+    """No first token within the first-token timeout, a stream stalled, or the request timed out."""
+
+    default_retryable = True
+
+
+class ProviderConnectionError(ProviderError, ConnectionError):
+    """The connection could not be made or dropped before the response ended."""
+
+    default_retryable = True
+
+
+class StreamError(ProviderError):
+    """The provider reported an error inside an HTTP 200 stream (``event: error``, ``response.failed``)."""
+
+
+class EmptyResponseError(ProviderError):
+    """The provider answered with neither text nor a tool call (retried once, seed 000 §5.2.6)."""
+
+    default_retryable = True
+
+
+class ProviderProtocolError(ProviderError):
+    """The response does not follow the wire protocol (bad JSON, bad UTF-8, oversize SSE event)."""
+
+
+_KINDS: dict[type, str] = {
+    ProviderError: "provider_error",
+    RateLimitError: "rate_limited",
+    RateLimitRequestTooLargeError: "rate_limited_request_too_large",
+    InvalidHistoryError: "invalid_history",
+    OverloadedError: "overloaded",
+    ContextLengthExceededError: "context_length_exceeded",
+    AuthenticationError: "authentication",
+    PermissionDeniedError: "permission_denied",
+    NotFoundError: "not_found",
+    InvalidRequestError: "invalid_request",
+    RequestTooLargeError: "request_too_large",
+    ServerError: "server_error",
+    ContentFilteredError: "content_filtered",
+    ProviderTimeoutError: "timeout",
+    ProviderConnectionError: "connection",
+    StreamError: "stream_error",
+    EmptyResponseError: "empty_response",
+    ProviderProtocolError: "protocol_error",
+}
+
+
+class Signal(Exception):  # noqa: N818 - a signal, not an error
+    """Root of control-flow signals; never an error, never retried."""
+
+
+class StopRun(Signal):
+    """Signal: end the run now with ``reason`` (a :class:`~fsm_agent.StopReason`).
+
+    Raised by middleware; the driver catches it and moves the machine to the
+    named terminal state with ``detail`` and the payload fields given.
+    """
+
+    def __init__(self, reason: Any, detail: str = "", **payload: Any) -> None:
+        super().__init__(detail or str(reason))
+        self.reason = reason
+        self.detail = detail
+        self.payload = payload

@@ -1,0 +1,106 @@
+"""Observers: watch a run, never change it (seed 004 §6: hooks observe, middleware decides).
+
+An observer is any object with some of these methods (each optional), or a
+plain callable that receives every event:
+
+* ``on_transition(TransitionEvent)`` — every move of the machine;
+* ``on_model_event(ModelStreamEvent)`` — text/thinking/tool-call deltas of the current model call;
+* ``on_tool_started(ToolStarted)`` / ``on_tool_finished(ToolFinished)``;
+* ``on_budget_warning(BudgetWarning)``;
+* ``on_event(event)`` — everything, after the specific method.
+
+Methods may be sync or async. Observers run in registration order; an async
+one is awaited before the next (so order holds), and the run waits for it:
+keep observers quick. An observer that raises is logged (logger
+``fsm_agent.hooks``) and the run goes on exactly as it would have.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from .errors import ConfigurationError
+from .types.events import BudgetWarning, ModelStreamEvent, ObserverEvent, ToolFinished, ToolStarted, TransitionEvent
+
+__all__ = ["HookBus", "Observer"]
+
+log = logging.getLogger("fsm_agent.hooks")
+
+_METHOD = {
+    TransitionEvent: "on_transition",
+    ModelStreamEvent: "on_model_event",
+    ToolStarted: "on_tool_started",
+    ToolFinished: "on_tool_finished",
+    BudgetWarning: "on_budget_warning",
+}
+
+
+class Observer:
+    """Optional base class: override the ``on_*`` methods you need (all default to doing nothing)."""
+
+    def on_transition(self, event: TransitionEvent) -> Any: ...
+
+    def on_model_event(self, event: ModelStreamEvent) -> Any: ...
+
+    def on_tool_started(self, event: ToolStarted) -> Any: ...
+
+    def on_tool_finished(self, event: ToolFinished) -> Any: ...
+
+    def on_budget_warning(self, event: BudgetWarning) -> Any: ...
+
+
+class HookBus:
+    """Fans events out to observers, isolating their failures. Frozen once built."""
+
+    __slots__ = ("_table", "_any", "observers")
+
+    def __init__(self, observers: Iterable[Any] = ()) -> None:
+        self.observers: tuple[Any, ...] = tuple(observers)
+        self._table: dict[type, list[tuple[Any, Callable[..., Any]]]] = {t: [] for t in _METHOD}
+        self._any = False
+        for obs in self.observers:
+            found = False
+            for etype, name in _METHOD.items():
+                fn = getattr(obs, name, None)
+                if fn is not None and not _is_noop(obs, name):
+                    self._table[etype].append((obs, fn))
+                    found = True
+            on_event = getattr(obs, "on_event", None)
+            if on_event is not None:
+                for etype in _METHOD:
+                    self._table[etype].append((obs, on_event))
+                found = True
+            if not found:
+                if callable(obs):
+                    for etype in _METHOD:
+                        self._table[etype].append((obs, obs))
+                else:
+                    raise ConfigurationError(
+                        f"observer {obs!r} has no on_* method and is not callable; see fsm_agent.hooks"
+                    )
+        self._any = any(self._table.values())
+
+    def wants(self, event_type: type) -> bool:
+        """Whether any observer listens to ``event_type`` (lets the driver skip building events)."""
+        return bool(self._table.get(event_type))
+
+    async def emit(self, event: ObserverEvent) -> None:
+        """Deliver ``event``; never raises (except on cancellation)."""
+        targets = self._table.get(type(event))
+        if not targets:
+            return
+        for obs, fn in targets:
+            try:
+                result = fn(event)
+                if inspect.isawaitable(result):
+                    await result
+            except Exception:  # noqa: BLE001 - observers cannot change the run
+                log.exception("observer %r failed on %s; ignored", obs, type(event).__name__)
+
+
+def _is_noop(obs: Any, name: str) -> bool:
+    """True when ``obs`` inherits :class:`Observer`'s do-nothing method for ``name``."""
+    return isinstance(obs, Observer) and getattr(type(obs), name) is getattr(Observer, name)

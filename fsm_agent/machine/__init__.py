@@ -1,0 +1,22 @@
+"""The state machine: states and the transition table, the shared machine, the driver loop."""
+
+from .context import RunConfig, RunContext
+from .definition import IllegalTransition, MachineState
+from .driver import STOP_TRIGGERS, Driver
+from .phases import PHASES, STATES, TERMINALS, TRANSITIONS, Phase, Transition, Trigger
+
+__all__ = [
+    "PHASES",
+    "STATES",
+    "STOP_TRIGGERS",
+    "TERMINALS",
+    "TRANSITIONS",
+    "Driver",
+    "IllegalTransition",
+    "MachineState",
+    "Phase",
+    "RunConfig",
+    "RunContext",
+    "Transition",
+    "Trigger",
+]

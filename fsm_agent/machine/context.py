@@ -1,0 +1,101 @@
+"""Run configuration (budgets, limits) and the mutable context handed to middleware."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from attrs import define, field, frozen
+
+from ..types.content import ToolUseBlock
+from ..types.messages import Message, Usage
+from ..types.requests import MessageResponse, ThinkingConfig
+from .definition import MachineState
+
+if TYPE_CHECKING:
+    from ..providers.base import Provider
+    from ..tools.registry import ToolRegistry
+
+__all__ = ["RunConfig", "RunContext"]
+
+
+@frozen
+class RunConfig:
+    """Limits and settings of a run. Budgets are checked at each PreTurn in seed 000's order:
+    shutdown (interrupt/cancel) → iterations → wall clock → tokens → cost.
+    """
+
+    max_iterations: int = 50
+    """Model calls per run (seed 000 §5.1.2 default 50)."""
+    max_wall_clock: float | None = 600.0
+    """Seconds from the run's start (seed 000 default 600 s); ``None``: no limit."""
+    max_tokens: int | None = None
+    """Input + output tokens over the run (seed 000 default: none)."""
+    max_cost_usd: float | None = None
+    """USD over the run; ``None``: no limit."""
+    tool_timeout: float | None = None
+    """Seconds per tool call, overriding each tool's own timeout (default 600 s per tool); ``None``: the tool's."""
+    stream: bool = True
+    """Stream model responses (observers see deltas)."""
+    max_output_tokens: int | None = None
+    """``max_tokens`` of each model request; ``None``: the provider's default."""
+    temperature: float | None = None
+    thinking: ThinkingConfig | None = None
+    tool_choice: str | None = None
+
+
+@define(slots=False)
+class RunContext:
+    """Everything a run knows, handed to middleware hooks. Mutable; valid for one run (or resume).
+
+    ``transcript`` is the conversation of record (append-only in practice);
+    ``messages`` is the context of the current model call, rebuilt from the
+    transcript at each PreTurn and free for PreTurn middleware to rewrite.
+    """
+
+    session_id: str
+    config: RunConfig
+    provider: Provider
+    tools: ToolRegistry
+    transcript: list[Message]
+    machine: MachineState = field(factory=MachineState)
+    messages: list[Message] = field(factory=list)
+    turn: int = 0
+    """Model calls started in this session (1-based once the first call starts)."""
+    usage: Usage = Usage()
+    """Tokens over the session."""
+    cost_usd: float | None = 0.0
+    """USD over the session; ``None`` once a call had no known price."""
+    tool_calls_made: int = 0
+    tool_call_counts: dict[str, int] = field(factory=dict)
+    last_response: MessageResponse | None = None
+    pending_calls: list[ToolUseBlock] = field(factory=list)
+    active_tools: list[str] | None = None
+    """Tool names offered to the model this turn; ``None``: all registered tools."""
+    tools_enabled: bool = True
+    """False for a wrap-up turn (one last call with no tools)."""
+    started_at: float = field(factory=time.monotonic)
+    """``time.monotonic()`` at the start of this run."""
+    elapsed_before: float = 0.0
+    """Wall-clock seconds spent by earlier runs of this session (resumes)."""
+    evidence: list[str] = field(factory=list)
+    extra_stop: dict[str, Any] = field(factory=dict)
+    _states: dict[str, dict[str, Any]] = field(factory=dict)
+    context_retry: bool = False
+    """Set once the context-length recovery (re-trim and retry once, case B20) was used."""
+    max_output_override: int | None = None
+    """A lowered ``max_tokens`` for the next call (context-length recovery)."""
+
+    @property
+    def state_name(self) -> str:
+        return self.machine.state.value
+
+    @property
+    def elapsed(self) -> float:
+        """Wall-clock seconds of this session so far (all runs)."""
+        return self.elapsed_before + time.monotonic() - self.started_at
+
+    def state(self, middleware: Any) -> dict[str, Any]:
+        """A dict private to ``middleware`` for this run (created empty on first use)."""
+        key = getattr(middleware, "middleware_name", None) or str(middleware)
+        return self._states.setdefault(key, {})

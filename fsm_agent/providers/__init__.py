@@ -1,0 +1,40 @@
+"""Providers: one module per wire protocol, vendors as profiles, one SSE decoder, one error boundary."""
+
+from .base import (
+    HttpProvider,
+    Profile,
+    Provider,
+    ProviderCapabilities,
+    ProviderConfig,
+    RetryPolicy,
+    ToolMode,
+    call_deadline,
+    first_token_timeout_for,
+)
+from .errors import classify_error, parse_retry_after
+from .profiles import PROFILES, ProviderType, create_provider, get_profile
+from .scripted import ScriptedProvider, text_response, tool_call_response
+from .sse import SSEDecoder, ServerSentEvent
+
+__all__ = [
+    "PROFILES",
+    "HttpProvider",
+    "Profile",
+    "Provider",
+    "ProviderCapabilities",
+    "ProviderConfig",
+    "ProviderType",
+    "RetryPolicy",
+    "SSEDecoder",
+    "ScriptedProvider",
+    "ServerSentEvent",
+    "ToolMode",
+    "call_deadline",
+    "classify_error",
+    "create_provider",
+    "first_token_timeout_for",
+    "get_profile",
+    "parse_retry_after",
+    "text_response",
+    "tool_call_response",
+]

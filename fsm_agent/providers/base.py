@@ -1,0 +1,503 @@
+"""The provider contract, vendor profiles as data, retries, and the shared call path.
+
+A provider is one wire protocol (a subclass of :class:`Provider`: OpenAI Chat
+Completions, OpenAI Responses, Anthropic Messages) plus a :class:`Profile`
+(base URL, auth header, field quirks, tool-calling mode, capabilities). DeepSeek,
+Qwen and llama.cpp are profiles over the OpenAI Chat protocol, not new modules.
+
+Call placement: retries live here, inside :meth:`Provider.chat` /
+:meth:`Provider.chat_stream`, once per HTTP attempt. Middleware's
+``wrap_model_call`` runs once per logical call, outside these retries.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import enum
+import os
+import random
+import time
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Any, ClassVar, Protocol
+
+import orjson
+from attrs import evolve, field, frozen
+
+from ..errors import (
+    ConfigurationError,
+    EmptyResponseError,
+    ProviderError,
+    ProviderProtocolError,
+    RateLimitError,
+)
+from ..types.requests import MessageRequest, MessageResponse
+from ..types.stream import ErrorEvent, MessageComplete, StreamEvent, TextDelta, ThinkingDelta, ToolCallArgumentsDelta
+from .errors import classify_error
+from .http import HttpClient, iter_sse
+from .sse import DEFAULT_MAX_EVENT_BYTES, SSEDecoder, ServerSentEvent
+
+__all__ = [
+    "HttpProvider",
+    "Profile",
+    "Provider",
+    "ProviderCapabilities",
+    "ProviderConfig",
+    "RetryPolicy",
+    "StreamParser",
+    "ToolMode",
+    "call_deadline",
+    "first_token_timeout_for",
+]
+
+call_deadline: contextvars.ContextVar[float | None] = contextvars.ContextVar("fsm_agent_call_deadline", default=None)
+"""``time.monotonic()`` instant past which no retry may sleep (the run's remaining wall-clock budget).
+The driver sets it around each model call; ``None`` means no limit."""
+
+
+class ToolMode(str, enum.Enum):
+    """How tools reach the model.
+
+    ``native``: the protocol's own tool calling. ``constrained``: tools are sent
+    as one JSON-Schema ``response_format`` (a tool name with its arguments, or a
+    final answer), enforced by the server's grammar, and the reply is mapped
+    back to tool-use blocks; for models or servers without native tool calls.
+    """
+
+    NATIVE = "native"
+    CONSTRAINED = "constrained"
+
+
+@frozen
+class ProviderCapabilities:
+    """What a profile supports. ``context_window`` and ``max_output_tokens`` are in tokens (``None``: unknown)."""
+
+    streaming: bool = True
+    tools: bool = True
+    parallel_tools: bool = True
+    thinking: bool = False
+    images: bool = False
+    constrained_output: bool = True
+    context_window: int | None = None
+    max_output_tokens: int | None = None
+
+
+@frozen
+class Profile:
+    """A vendor endpoint over a wire protocol: everything that differs between vendors, as data."""
+
+    name: str
+    """Profile name used in errors, logs and ``--provider`` (``openai``, ``deepseek`` ...)."""
+    protocol: str
+    """``openai-chat``, ``openai-responses`` or ``anthropic``."""
+    base_url: str | None = None
+    """Default base URL, or ``None`` when the user must give one."""
+    api_key_env: tuple[str, ...] = ()
+    """Environment variables read (in order) for the API key."""
+    auth: str = "bearer"
+    """``bearer`` (``Authorization: Bearer KEY``), ``x-api-key`` (Anthropic) or ``none``."""
+    max_tokens_field: str = "max_tokens"
+    """``max_tokens`` or ``max_completion_tokens`` (OpenAI's newer models reject the former)."""
+    tool_mode: ToolMode = ToolMode.NATIVE
+    stream_usage: bool = True
+    """Send ``stream_options.include_usage`` (OpenAI Chat protocol)."""
+    reasoning_field: str | None = None
+    """Assistant-message field that carries reasoning on the wire (``reasoning_content`` for DeepSeek/Qwen)."""
+    echo_reasoning: bool = False
+    """Send ``reasoning_field`` back on assistant tool-call turns (DeepSeek thinking mode, case B06)."""
+    headers: tuple[tuple[str, str], ...] = ()
+    """Extra headers sent on every request (``anthropic-version`` ...)."""
+    default_model: str | None = None
+    capabilities: ProviderCapabilities = ProviderCapabilities()
+    options: tuple[tuple[str, Any], ...] = ()
+    """Protocol-specific switches (``("thinking_param", "enable_thinking")`` ...)."""
+
+    def option(self, key: str, default: Any = None) -> Any:
+        for k, v in self.options:
+            if k == key:
+                return v
+        return default
+
+
+def first_token_timeout_for(input_tokens: int, base: float = 30.0, per_1k: float = 1.0, cap: float = 180.0) -> float:
+    """Seed 000 §5.2.7: ``min(30 + input_tokens/1000, 180)`` seconds to the first token."""
+    return min(base + per_1k * input_tokens / 1000.0, cap)
+
+
+@frozen
+class RetryPolicy:
+    """Exponential backoff with full jitter, honouring the server's Retry-After.
+
+    The n-th retry (n = 1, 2 ...) waits ``uniform(0, min(max_delay, initial_delay * 2**(n-1)))``
+    seconds, or the server's ``Retry-After`` / ``retry-after-ms`` when given (capped at
+    ``max_retry_after``). No wait ever ends past :data:`call_deadline`: when it would, the
+    error is raised at once. Only errors with ``retryable=True`` are retried.
+    """
+
+    max_attempts: int = 3
+    """Attempts in all, the first included (1 disables retries)."""
+    initial_delay: float = 0.5
+    """Seconds."""
+    max_delay: float = 20.0
+    """Seconds."""
+    max_retry_after: float = 60.0
+    """Longest server-requested wait honoured, in seconds; longer ones end the retries."""
+    empty_response_retries: int = 1
+    """Extra attempts for an empty response (seed 000 §5.2.6: one)."""
+
+    def delay(self, error: ProviderError, retry_number: int, rng: Callable[[], float] = random.random) -> float | None:
+        """Seconds to wait before retry ``retry_number`` (1-based), or ``None`` to give up."""
+        if not error.retryable:
+            return None
+        limit = self.empty_response_retries + 1 if isinstance(error, EmptyResponseError) else self.max_attempts
+        if retry_number >= limit:
+            return None
+        server = getattr(error, "retry_after", None) if isinstance(error, RateLimitError) else None
+        if server is None and error.headers:
+            from .errors import parse_retry_after
+
+            server = parse_retry_after(error.headers)
+        if server is not None:
+            if server > self.max_retry_after:
+                return None
+            wait = server
+        else:
+            wait = rng() * min(self.max_delay, self.initial_delay * 2 ** (retry_number - 1))
+        deadline = call_deadline.get()
+        if deadline is not None and time.monotonic() + wait > deadline:
+            return None
+        return wait
+
+
+@frozen
+class ProviderConfig:
+    """How to reach a provider. Unset fields fall back to the profile and the environment."""
+
+    model: str | None = None
+    base_url: str | None = None
+    api_key: str | None = None
+    headers: Mapping[str, str] = field(factory=dict)
+    """Extra headers for every request."""
+    tool_mode: ToolMode | None = None
+    """Override the profile's tool-calling mode."""
+    retry: RetryPolicy = RetryPolicy()
+    first_token_timeout: float | None = None
+    """Seconds to the first streamed event; ``None``: the adaptive seed-000 formula."""
+    chunk_timeout: float | None = 30.0
+    """Seconds allowed between streamed events; ``None``: no limit."""
+    request_timeout: float | None = 600.0
+    """Seconds for a whole non-streaming response; ``None``: no limit."""
+    connect_timeout: float = 10.0
+    max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES
+    """Largest SSE event accepted (bytes)."""
+    allow_stream_replay: bool = False
+    """Retry a stream that already produced content (the consumer then sees the content again)."""
+
+
+class StreamParser(Protocol):
+    """Turns one protocol's SSE events into :data:`StreamEvent` values.
+
+    ``feed`` may raise a :class:`ProviderError` for an error reported inside the
+    stream. ``finish`` is called at end of body: it closes open blocks and
+    returns the events up to and including :class:`MessageComplete`, or raises
+    :class:`ProviderProtocolError` when the stream ended before the protocol's
+    end marker and nothing usable arrived.
+    """
+
+    partial: Any
+
+    def feed(self, sse: ServerSentEvent) -> list[StreamEvent]: ...
+
+    def finish(self) -> list[StreamEvent]: ...
+
+
+_CONTENT_EVENTS = (TextDelta, ThinkingDelta, ToolCallArgumentsDelta)
+
+
+class Provider(ABC):
+    """What the runtime needs from a model: one call, streamed or not.
+
+    Implementations: :class:`HttpProvider` subclasses (one per wire protocol) and
+    :class:`~fsm_agent.providers.scripted.ScriptedProvider` (a deterministic test double).
+    """
+
+    name: str
+    model: str | None
+
+    @property
+    @abstractmethod
+    def capabilities(self) -> ProviderCapabilities: ...
+
+    @abstractmethod
+    async def chat(self, request: MessageRequest) -> MessageResponse:
+        """One complete response.
+
+        Raises:
+            ProviderError: the most specific subclass, after the provider's own retries.
+        """
+
+    @abstractmethod
+    def chat_stream(self, request: MessageRequest) -> AsyncIterator[StreamEvent]:
+        """Stream events ending with exactly one :class:`MessageComplete`, or raise a ProviderError."""
+
+    async def aclose(self) -> None:
+        """Release connections (idempotent)."""
+
+    async def __aenter__(self) -> Provider:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+
+class HttpProvider(Provider):
+    """A wire protocol client over aiohttp. Subclasses implement the four protocol hooks.
+
+    Use as an async context manager, or call :meth:`aclose` when done.
+    """
+
+    protocol: ClassVar[str]
+
+    def __init__(self, profile: Profile, config: ProviderConfig | None = None) -> None:
+        self.profile = profile
+        self.config = config or ProviderConfig()
+        self.model = self.config.model or profile.default_model
+        if not self.model:
+            raise ConfigurationError(
+                f"provider {profile.name!r} needs a model name (--model or ProviderConfig(model=...))"
+            )
+        base = self.config.base_url or profile.base_url
+        if not base:
+            raise ConfigurationError(f"provider {profile.name!r} needs a base URL (--base-url)")
+        self.base_url = base.rstrip("/")
+        self.api_key = self.config.api_key or next(
+            (os.environ[k] for k in profile.api_key_env if os.environ.get(k)), None
+        )
+        if profile.auth != "none" and not self.api_key and not _is_local(self.base_url):
+            env = " or ".join(profile.api_key_env) or "an API key"
+            raise ConfigurationError(f"provider {profile.name!r} needs an API key: set {env} or pass --api-key")
+        self.tool_mode = self.config.tool_mode or profile.tool_mode
+        self._http = HttpClient(
+            profile.name, connect_timeout=self.config.connect_timeout, request_timeout=self.config.request_timeout
+        )
+
+    # -- identity --------------------------------------------------------------
+    @property
+    def name(self) -> str:  # type: ignore[override]
+        return self.profile.name
+
+    @property
+    def capabilities(self) -> ProviderCapabilities:
+        return self.profile.capabilities
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(profile={self.profile.name!r}, model={self.model!r}, base_url={self.base_url!r})"
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    # -- protocol hooks ----------------------------------------------------------
+    @abstractmethod
+    def endpoint(self, request: MessageRequest, stream: bool) -> str:
+        """URL path below the base URL (``/chat/completions``)."""
+
+    @abstractmethod
+    def build_body(self, request: MessageRequest, stream: bool) -> dict[str, Any]:
+        """The wire request body."""
+
+    @abstractmethod
+    def parse_response(self, data: dict[str, Any]) -> MessageResponse:
+        """A non-streaming response body into a :class:`MessageResponse`."""
+
+    @abstractmethod
+    def stream_parser(self) -> StreamParser:
+        """A fresh parser for one streamed response."""
+
+    def auth_headers(self) -> dict[str, str]:
+        if not self.api_key or self.profile.auth == "none":
+            return {}
+        if self.profile.auth == "x-api-key":
+            return {"x-api-key": self.api_key}
+        return {"Authorization": f"Bearer {self.api_key}"}
+
+    def headers(self, stream: bool) -> dict[str, str]:
+        h = {"Content-Type": "application/json", "Accept": "text/event-stream" if stream else "application/json"}
+        h.update(dict(self.profile.headers))
+        h.update(self.auth_headers())
+        h.update(self.config.headers)
+        return h
+
+    # -- request preparation --------------------------------------------------------
+    def prepare(self, request: MessageRequest) -> MessageRequest:
+        """Fill the model and apply the constrained tool mode."""
+        if not request.model:
+            request = evolve(request, model=self.model)
+        if self.tool_mode is ToolMode.CONSTRAINED and request.tools:
+            from .constrained import constrain_request
+
+            request = constrain_request(request)
+        return request
+
+    def interpret(self, original: MessageRequest, response: MessageResponse) -> MessageResponse:
+        if self.tool_mode is ToolMode.CONSTRAINED and original.tools:
+            from .constrained import interpret_response
+
+            return interpret_response(response, original)
+        return response
+
+    def encode(self, request: MessageRequest, stream: bool) -> tuple[str, bytes]:
+        """URL and body bytes of the wire request for an already prepared ``request``."""
+        body = self.build_body(request, stream)
+        return self.base_url + self.endpoint(request, stream), orjson.dumps(body)
+
+    # -- calls ----------------------------------------------------------------------
+    async def chat(self, request: MessageRequest) -> MessageResponse:
+        """One non-streaming call, with retries.
+
+        Raises:
+            ProviderError: the most specific subclass, after retries are spent.
+        """
+        wire = self.prepare(request)
+        url, body = self.encode(wire, stream=False)
+        headers = self.headers(stream=False)
+        retry = 0
+        while True:
+            try:
+                resp = await self._http.post(url, body, headers)
+                raw = await self._http.read_body(resp)
+                if "event-stream" in resp.headers.get("Content-Type", ""):
+                    response = await self._decode_stream_body(raw)
+                else:
+                    response = self.decode_body(raw, resp.status, dict(resp.headers))
+                if response.is_empty:
+                    raise EmptyResponseError(
+                        "the model returned an empty response (no text, no tool call)",
+                        provider=self.name, partial=response,
+                    )
+                return self.interpret(request, response)
+            except ProviderError as exc:
+                retry += 1
+                wait = self.config.retry.delay(exc, retry)
+                if wait is None:
+                    raise
+                await asyncio.sleep(wait)
+
+    def decode_body(self, raw: bytes, status: int = 200, headers: Mapping[str, str] | None = None) -> MessageResponse:
+        """A non-streaming body into a response; an error object in a 200 body raises."""
+        try:
+            data = orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            raise ProviderProtocolError(
+                f"response body is not JSON ({exc}): {raw[:200]!r}", provider=self.name, status=status,
+                body=raw[:65536].decode("utf-8", "replace"),
+            ) from exc
+        if not isinstance(data, dict):
+            raise ProviderProtocolError(f"response body is not a JSON object: {raw[:200]!r}", provider=self.name)
+        if "error" in data and data.get("error") and not data.get("choices") and not data.get("content") and not data.get("output"):
+            raise classify_error(status if status >= 400 else None, data, headers, provider=self.name, in_stream=True)
+        return self.parse_response(data)
+
+    async def _decode_stream_body(self, raw: bytes) -> MessageResponse:
+        final: MessageResponse | None = None
+        for event in self.decode_stream_bytes(raw):
+            if isinstance(event, MessageComplete):
+                final = event.full_response
+        assert final is not None
+        return final
+
+    def decode_stream_bytes(self, raw: bytes) -> list[StreamEvent]:
+        """Decode a whole recorded stream body (no I/O); raises like a live stream would."""
+        decoder = SSEDecoder(self.config.max_event_bytes)
+        parser = self.stream_parser()
+        out: list[StreamEvent] = []
+        for sse in decoder.feed(raw) + decoder.flush():
+            out.extend(parser.feed(sse))
+        out.extend(parser.finish())
+        return out
+
+    async def chat_stream(self, request: MessageRequest) -> AsyncIterator[StreamEvent]:
+        """Stream one call: deltas as they arrive, then exactly one :class:`MessageComplete`.
+
+        A failure before any content was yielded is retried like :meth:`chat`; after
+        content, only when ``allow_stream_replay`` is set. The raised error's
+        ``partial`` holds what was decoded; an :class:`ErrorEvent` precedes it.
+        """
+        wire = self.prepare(request)
+        url, body = self.encode(wire, stream=True)
+        headers = self.headers(stream=True)
+        first_timeout = self.config.first_token_timeout
+        if first_timeout is None:
+            from ..types.tokens import estimate_request_tokens
+
+            first_timeout = first_token_timeout_for(estimate_request_tokens(wire))
+        constrained = self.tool_mode is ToolMode.CONSTRAINED and bool(request.tools)
+        retry = 0
+        while True:
+            produced = False
+            parser = self.stream_parser()
+            try:
+                resp = await self._http.post(url, body, headers)
+                if "event-stream" not in resp.headers.get("Content-Type", "event-stream"):
+                    raw = await self._http.read_body(resp)
+                    response = self.decode_body(raw, resp.status, dict(resp.headers))
+                    if response.is_empty:
+                        raise EmptyResponseError("the model returned an empty response", provider=self.name, partial=response)
+                    response = self.interpret(request, response)
+                    for event in _events_for(response):
+                        yield event
+                    return
+                decoder = SSEDecoder(self.config.max_event_bytes)
+                events = self._stream_events(resp, decoder, parser, first_timeout)
+                if constrained:
+                    from .constrained import ConstrainedStream
+
+                    events = ConstrainedStream(request).wrap(events)
+                async for event in events:
+                    if isinstance(event, MessageComplete):
+                        if event.full_response.is_empty and not produced:
+                            raise EmptyResponseError(
+                                "the model returned an empty response", provider=self.name, partial=event.full_response
+                            )
+                    elif isinstance(event, _CONTENT_EVENTS):
+                        produced = True
+                    yield event
+                return
+            except ProviderError as exc:
+                if exc.partial is None and getattr(parser, "partial", None) is not None:
+                    try:
+                        exc.partial = parser.partial.snapshot()
+                    except Exception:  # noqa: BLE001 - a broken partial must not hide the real error
+                        exc.partial = None
+                if exc.provider is None:
+                    exc.provider = self.name
+                retry += 1
+                wait = None
+                if not produced or self.config.allow_stream_replay:
+                    wait = self.config.retry.delay(exc, retry)
+                if wait is None:
+                    yield ErrorEvent(exc.kind, str(exc))
+                    raise
+                await asyncio.sleep(wait)
+
+    async def _stream_events(
+        self, resp: Any, decoder: SSEDecoder, parser: StreamParser, first_timeout: float | None
+    ) -> AsyncIterator[StreamEvent]:
+        async for sse in iter_sse(
+            resp, decoder, provider=self.name, first_event_timeout=first_timeout, chunk_timeout=self.config.chunk_timeout
+        ):
+            for event in parser.feed(sse):
+                yield event
+        for event in parser.finish():
+            yield event
+
+
+def _events_for(response: MessageResponse) -> list[StreamEvent]:
+    """Synthesize the stream of a complete response (a server that ignored ``stream: true``)."""
+    from ..types.stream import events_for_response
+
+    return events_for_response(response)
+
+
+def _is_local(url: str) -> bool:
+    return any(h in url for h in ("://127.0.0.1", "://localhost", "://[::1]", "://0.0.0.0"))

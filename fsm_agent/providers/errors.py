@@ -1,0 +1,284 @@
+"""The one boundary where provider failures become :mod:`fsm_agent.errors` classes.
+
+* :func:`classify_error` maps an HTTP status plus an error body (any provider's
+  shape) to the most specific :class:`~fsm_agent.errors.ProviderError`.
+* :func:`error_from_payload` does the same for an error object found inside a
+  200 stream (Anthropic ``event: error``, llama.cpp ``data: {"error": ...}``,
+  Responses ``response.failed``).
+* :func:`map_transport_errors` is the context manager that turns aiohttp and
+  asyncio exceptions into :class:`ProviderConnectionError` /
+  :class:`ProviderTimeoutError`, always ``raise ... from exc``.
+
+Context-window errors are recognized across wordings and statuses (case B20):
+OpenAI ``code: context_length_exceeded``; Azure "Input tokens exceed the
+configured limit"; Anthropic "prompt is too long" and "input length and
+`max_tokens` exceed context limit"; vLLM "maximum context length is N";
+llama.cpp "exceeds the available context size" (also mid-stream).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import email.utils
+import re
+import time
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import aiohttp
+import orjson
+
+from ..errors import (
+    AuthenticationError,
+    ContentFilteredError,
+    ContextLengthExceededError,
+    InvalidHistoryError,
+    InvalidRequestError,
+    NotFoundError,
+    OverloadedError,
+    PermissionDeniedError,
+    ProviderConnectionError,
+    ProviderError,
+    ProviderTimeoutError,
+    RateLimitError,
+    RateLimitRequestTooLargeError,
+    RequestTooLargeError,
+    ServerError,
+    StreamError,
+)
+
+__all__ = [
+    "classify_error",
+    "error_from_payload",
+    "map_transport_errors",
+    "parse_retry_after",
+]
+
+_BODY_LIMIT = 64 * 1024
+
+# (pattern, groups meaning) — numbers are pulled out where the wording has them.
+_CTX_PATTERNS: list[tuple[re.Pattern[str], tuple[str, ...]]] = [
+    (re.compile(r"input length and `?max_tokens`? exceed context limit:\s*(\d+)\s*\+\s*(\d+)\s*>\s*(\d+)", re.I),
+     ("input_tokens", "max_tokens_requested", "limit")),
+    (re.compile(r"prompt is too long:\s*(\d+)\s*tokens?\s*>\s*(\d+)", re.I), ("requested", "limit")),
+    (re.compile(r"maximum context length is\s*(\d+)\s*tokens?.*?(?:resulted in|requested)\s*(\d+)\s*tokens", re.I | re.S),
+     ("limit", "requested")),
+    (re.compile(r"input tokens exceed the configured limit of\s*(\d+)\s*tokens?.*?resulted in\s*(\d+)\s*tokens", re.I | re.S),
+     ("limit", "requested")),
+    (re.compile(r"maximum context length is\s*(\d+)", re.I), ("limit",)),
+    (re.compile(r"context (?:window|length|size)[^.]*?(?:of|is)\s*(\d+)\s*tokens", re.I), ("limit",)),
+    (re.compile(r"exceeds? the (?:available )?context (?:size|window|length)", re.I), ()),
+    (re.compile(r"context[_ ]length[_ ]exceeded", re.I), ()),
+    (re.compile(r"(?:request|input|prompt)[^.]{0,40}(?:too long|too many tokens)[^.]{0,40}context", re.I), ()),
+    (re.compile(r"Range of input length should be \[\d+,\s*(\d+)\]", re.I), ("limit",)),
+]
+_CTX_CODES = {"context_length_exceeded", "exceed_context_size_error", "context_window_exceeded",
+              "model_context_window_exceeded", "string_above_max_length"}
+_HISTORY_PATTERNS = [
+    re.compile(r"tool_use`? ids were found without `?tool_result", re.I),
+    re.compile(r"tool_result`? block\(s\)? .*?(?:corresponding|matching) `?tool_use", re.I),
+    re.compile(r"unexpected `?tool_use_id`?", re.I),
+    re.compile(r"messages with role 'tool' must be a response to a preceeding message with 'tool_calls'", re.I),
+    re.compile(r"an assistant message with 'tool_calls' must be followed by tool messages", re.I),
+    re.compile(r"No tool call found for function call output", re.I),
+    re.compile(r"was provided without its required '?reasoning'? item", re.I),
+    re.compile(r"reasoning'? was provided without its required following item", re.I),
+    re.compile(r"reasoning_content.{0,40}must be passed back", re.I),
+    re.compile(r"text content blocks must be non-empty", re.I),
+]
+_TPM = re.compile(r"request too large .*?(?:tokens per min|TPM)", re.I | re.S)
+_FILTER_CODES = {"content_filter", "content_policy_violation", "data_inspection_failed", "content_filtered"}
+
+
+def parse_retry_after(headers: Mapping[str, str], now: float | None = None) -> float | None:
+    """Seconds to wait from ``retry-after-ms``, or ``retry-after`` (seconds or an HTTP-date); ``None`` if absent.
+
+    Header names must be lower-cased. Negative and unparsable values give ``None``.
+    """
+    ms = headers.get("retry-after-ms")
+    if ms:
+        try:
+            v = float(ms) / 1000.0
+            if v >= 0:
+                return v
+        except ValueError:
+            pass
+    ra = headers.get("retry-after")
+    if not ra:
+        return None
+    ra = ra.strip()
+    try:
+        v = float(ra)
+        return v if v >= 0 else None
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(ra)
+    except (TypeError, ValueError):
+        return None
+    if when is None:
+        return None
+    delta = when.timestamp() - (time.time() if now is None else now)
+    return max(0.0, delta)
+
+
+def _extract(body: Any) -> tuple[str, str | None, str | None]:
+    """(message, code, type) from any provider's error body shape."""
+    if isinstance(body, (bytes, str)):
+        text = body.decode("utf-8", "replace") if isinstance(body, bytes) else body
+        try:
+            body = orjson.loads(text) if text.strip() else None
+        except orjson.JSONDecodeError:
+            return text.strip()[:2000], None, None
+    if isinstance(body, list) and body and isinstance(body[0], dict):  # some gateways wrap in a list
+        body = body[0]
+    if not isinstance(body, dict):
+        return ("" if body is None else str(body)), None, None
+    err = body.get("error", body)
+    if isinstance(err, str):
+        return err, _s(body.get("code")), _s(body.get("type"))
+    if not isinstance(err, dict):
+        err = body
+    message = err.get("message") or body.get("message") or body.get("detail") or ""
+    if isinstance(message, (dict, list)):
+        message = orjson.dumps(message).decode()
+    code = _s(err.get("code")) or _s(body.get("code"))
+    etype = _s(err.get("type")) or _s(body.get("type"))
+    if etype == "error":  # Anthropic wraps {"type":"error","error":{"type":...}}
+        etype = _s(err.get("type"))
+    # OpenRouter puts the upstream's error in metadata.raw
+    meta = err.get("metadata")
+    if isinstance(meta, dict) and isinstance(meta.get("raw"), str):
+        message = f"{message} ({meta['raw'][:500]})"
+    return str(message), code, etype
+
+
+def _s(v: Any) -> str | None:
+    if v is None:
+        return None
+    return str(v)
+
+
+def _context_error(message: str, code: str | None, etype: str | None, kw: dict[str, Any]) -> ContextLengthExceededError | None:
+    hit = (code or "").lower() in _CTX_CODES or (etype or "").lower() in _CTX_CODES
+    nums: dict[str, int] = {}
+    for pattern, names in _CTX_PATTERNS:
+        m = pattern.search(message)
+        if m:
+            hit = True
+            for name, value in zip(names, m.groups()):
+                nums.setdefault(name, int(value))
+            if nums.get("limit") is not None and (nums.get("requested") is not None or "requested" not in names):
+                break
+    if not hit:
+        return None
+    if "requested" not in nums and "input_tokens" in nums and "max_tokens_requested" in nums:
+        nums["requested"] = nums["input_tokens"] + nums["max_tokens_requested"]
+    hint = " Trim the history (the repair pipeline does this with a tighter budget) or use a model with a larger window."
+    if "max_tokens_requested" in nums and "limit" in nums and "input_tokens" in nums:
+        hint = f" Lowering max_tokens to {nums['limit'] - nums['input_tokens']} or less is enough; no trimming needed."
+    return ContextLengthExceededError(f"context length exceeded: {message}.{hint}", **nums, **kw)
+
+
+def classify_error(
+    status: int | None,
+    body: Any,
+    headers: Mapping[str, str] | None = None,
+    *,
+    provider: str | None = None,
+    in_stream: bool = False,
+) -> ProviderError:
+    """The most specific :class:`ProviderError` for an error response.
+
+    Args:
+        status: HTTP status (``None`` or 200 for an error found inside a stream).
+        body: the error body as bytes, text or parsed JSON (any provider's shape).
+        headers: response headers (any case).
+        provider: profile name recorded on the error.
+        in_stream: the error arrived inside a 200 stream; unrecognized ones become :class:`StreamError`.
+    """
+    hdrs = {k.lower(): v for k, v in (headers or {}).items()}
+    if isinstance(body, bytes):
+        body_text = body[:_BODY_LIMIT].decode("utf-8", "replace")
+    elif isinstance(body, str):
+        body_text = body[:_BODY_LIMIT]
+    elif body is None:
+        body_text = None
+    else:
+        body_text = orjson.dumps(body).decode()[:_BODY_LIMIT]
+    message, code, etype = _extract(body if body is not None else "")
+    if not message:
+        message = f"HTTP {status}" if status else "error"
+    # Numeric "code" fields (OpenRouter, llama.cpp) echo the status.
+    eff_status = status
+    if (eff_status is None or eff_status == 200) and code and code.isdigit():
+        eff_status = int(code)
+    kw: dict[str, Any] = {"provider": provider, "status": status, "body": body_text, "headers": hdrs,
+                          "code": code or etype}
+    lower_type = (etype or "").lower()
+    lower_code = (code or "").lower()
+
+    ctx = _context_error(message, code, etype, kw)
+    if ctx is not None and eff_status not in (429,):
+        return ctx
+    if any(p.search(message) for p in _HISTORY_PATTERNS):
+        return InvalidHistoryError(f"invalid message history: {message}", **kw)
+    if eff_status == 429 or lower_type in ("rate_limit_error", "tokens", "requests") or lower_code == "rate_limit_exceeded":
+        if _TPM.search(message):
+            return RateLimitRequestTooLargeError(
+                f"request too large for the per-minute token limit: {message} "
+                "(waiting will not help; send a smaller request or raise the limit)", **kw)
+        if lower_code == "insufficient_quota" or lower_type == "insufficient_quota":
+            return RateLimitError(f"quota exhausted: {message} (check the account's billing)", retryable=False, **kw)
+        return RateLimitError(f"rate limited: {message}", retry_after=parse_retry_after(hdrs), **kw)
+    if lower_code == "insufficient_quota" or lower_type == "insufficient_quota":
+        return RateLimitError(f"quota exhausted: {message} (check the account's billing)", retryable=False, **kw)
+    if eff_status == 529 or lower_type in ("overloaded_error", "overloaded") or "overloaded" in message.lower() and eff_status in (503, 529, None, 200):
+        return OverloadedError(f"provider overloaded: {message}", **kw)
+    if lower_code in _FILTER_CODES or lower_type in _FILTER_CODES:
+        return ContentFilteredError(f"content filtered: {message}", **kw)
+    if eff_status == 401 or lower_type == "authentication_error" or lower_code == "invalid_api_key":
+        return AuthenticationError(f"authentication failed: {message} (check the API key)", **kw)
+    if eff_status == 403 or lower_type == "permission_error":
+        return PermissionDeniedError(f"permission denied: {message}", **kw)
+    if eff_status == 404 or lower_type == "not_found_error" or lower_code == "model_not_found":
+        return NotFoundError(f"not found: {message} (check the model name and base URL)", **kw)
+    if eff_status == 413 or lower_type == "request_too_large":
+        return RequestTooLargeError(f"request too large: {message}", **kw)
+    if eff_status in (400, 422) or lower_type in ("invalid_request_error", "badrequesterror"):
+        return InvalidRequestError(f"invalid request: {message}", **kw)
+    if eff_status is not None and eff_status >= 500 or lower_type in ("api_error", "server_error"):
+        return ServerError(f"server error: {message}", **kw)
+    if in_stream:
+        return StreamError(f"error inside the stream: {message}", **kw)
+    if eff_status == 408:
+        return ProviderTimeoutError(f"request timeout: {message}", **kw)
+    return ProviderError(f"unexpected error response: {message}", **kw)
+
+
+def error_from_payload(payload: Any, *, provider: str | None = None, status: int | None = 200) -> ProviderError:
+    """Classify an error object found inside a stream (never a success)."""
+    return classify_error(status, payload, None, provider=provider, in_stream=True)
+
+
+@contextlib.contextmanager
+def map_transport_errors(provider: str | None, what: str) -> Iterator[None]:
+    """Translate aiohttp/asyncio failures inside the block into typed provider errors."""
+    try:
+        yield
+    except ProviderError:
+        raise
+    except asyncio.TimeoutError as exc:  # also TimeoutError on 3.11+
+        raise ProviderTimeoutError(f"{what}: timed out", provider=provider) from exc
+    except aiohttp.ClientPayloadError as exc:
+        raise ProviderConnectionError(f"{what}: the connection dropped mid-response ({exc})", provider=provider) from exc
+    except aiohttp.ServerDisconnectedError as exc:
+        raise ProviderConnectionError(f"{what}: the server closed the connection ({exc})", provider=provider) from exc
+    except aiohttp.ClientConnectorError as exc:
+        raise ProviderConnectionError(
+            f"{what}: cannot connect to {exc.host}:{exc.port} ({exc.os_error}); is the base URL right and the server up?",
+            provider=provider,
+        ) from exc
+    except (aiohttp.ClientError, ConnectionError, OSError) as exc:
+        raise ProviderConnectionError(f"{what}: {type(exc).__name__}: {exc}", provider=provider) from exc

@@ -1,0 +1,171 @@
+"""The aiohttp layer: one ClientSession per provider, POST with typed errors, SSE reading.
+
+This is the only module of the provider layer that imports aiohttp (besides
+the error boundary). Reads use ``StreamReader.readany()`` with the project's own
+line splitter (:mod:`.sse`), never ``readline()``/``async for line in
+resp.content``, whose line cap (128 KiB in aiohttp 3.13) breaks large events
+(case B18).
+
+Timeouts (seed 000 §5.2.7): the first data event must arrive within the
+first-token timeout; after it, at most ``chunk_timeout`` seconds may pass
+between data events (comment keep-alives do not count). A timeout raises
+:class:`~fsm_agent.errors.ProviderTimeoutError`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+import aiohttp
+
+from ..errors import ProviderConnectionError, ProviderError, ProviderTimeoutError
+from .errors import classify_error, map_transport_errors
+from .sse import SSEDecoder, ServerSentEvent
+
+__all__ = ["HttpClient", "iter_sse"]
+
+_ERROR_BODY_LIMIT = 1024 * 1024
+
+
+class HttpClient:
+    """Owns one ``aiohttp.ClientSession`` (created lazily inside the running loop).
+
+    Args:
+        provider: profile name, recorded on errors.
+        connect_timeout: seconds to establish a connection.
+        request_timeout: seconds for a whole non-streaming response (``None``: no limit).
+        connector_limit: simultaneous connections per session.
+    """
+
+    def __init__(
+        self,
+        provider: str,
+        *,
+        connect_timeout: float = 10.0,
+        request_timeout: float | None = 600.0,
+        connector_limit: int = 256,
+        session: aiohttp.ClientSession | None = None,
+    ) -> None:
+        self.provider = provider
+        self.connect_timeout = connect_timeout
+        self.request_timeout = request_timeout
+        self.connector_limit = connector_limit
+        self._session = session
+        self._owns_session = session is None
+
+    async def session(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=self.connector_limit),
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.connect_timeout),
+            )
+            self._owns_session = True
+        return self._session
+
+    async def aclose(self) -> None:
+        if self._session is not None and self._owns_session and not self._session.closed:
+            await self._session.close()
+        self._session = None
+
+    async def post(self, url: str, body: bytes, headers: Mapping[str, str]) -> aiohttp.ClientResponse:
+        """POST ``body``; return the response when its status is < 400.
+
+        Raises:
+            ProviderError: a typed error for a status >= 400 (body and headers attached),
+                a connection failure, or a timeout.
+        """
+        session = await self.session()
+        with map_transport_errors(self.provider, f"POST {url}"):
+            resp = await session.post(url, data=body, headers=dict(headers))
+        if resp.status >= 400:
+            with map_transport_errors(self.provider, f"reading the error body of POST {url}"):
+                try:
+                    raw = await resp.content.read(_ERROR_BODY_LIMIT)
+                finally:
+                    resp.release()
+            raise classify_error(resp.status, raw, dict(resp.headers), provider=self.provider)
+        return resp
+
+    async def read_body(self, resp: aiohttp.ClientResponse) -> bytes:
+        """The whole body of a non-streaming response, within ``request_timeout``."""
+        with map_transport_errors(self.provider, f"reading the response of {resp.url}"):
+            try:
+                if self.request_timeout is None:
+                    return await resp.read()
+                async with asyncio.timeout(self.request_timeout):
+                    return await resp.read()
+            finally:
+                resp.release()
+
+
+async def iter_sse(
+    resp: aiohttp.ClientResponse,
+    decoder: SSEDecoder,
+    *,
+    provider: str,
+    first_event_timeout: float | None,
+    chunk_timeout: float | None,
+) -> AsyncIterator[ServerSentEvent]:
+    """Yield the SSE events of ``resp`` as they arrive, enforcing the two stream timeouts.
+
+    Raises:
+        ProviderTimeoutError: no data event within ``first_event_timeout`` seconds, or a gap
+            longer than ``chunk_timeout`` seconds between data events.
+        ProviderConnectionError: the connection dropped before the body ended.
+        ProviderProtocolError: from the decoder (bad UTF-8, oversize event).
+    """
+    loop = asyncio.get_running_loop()
+    content = resp.content
+    got_first = False
+    deadline = None if first_event_timeout is None else loop.time() + first_event_timeout
+    try:
+        while True:
+            try:
+                if deadline is None:
+                    chunk = await content.readany()
+                else:
+                    async with asyncio.timeout_at(deadline):
+                        chunk = await content.readany()
+            except TimeoutError as exc:
+                if got_first:
+                    raise ProviderTimeoutError(
+                        f"stream stalled: no data for {chunk_timeout:g} s between chunks "
+                        "(raise chunk_timeout if the model is slow)",
+                        provider=provider,
+                    ) from exc
+                raise ProviderTimeoutError(
+                    f"no first token within {first_event_timeout:g} s "
+                    "(raise first_token_timeout for slow models or very long prompts)",
+                    provider=provider,
+                ) from exc
+            except aiohttp.ClientPayloadError as exc:
+                raise ProviderConnectionError(
+                    f"the connection dropped in the middle of the stream ({exc})", provider=provider
+                ) from exc
+            except (aiohttp.ClientError, ConnectionError) as exc:
+                raise ProviderConnectionError(
+                    f"the connection failed in the middle of the stream ({type(exc).__name__}: {exc})",
+                    provider=provider,
+                ) from exc
+            if not chunk:
+                break
+            events = decoder.feed(chunk)
+            if events:
+                got_first = True
+                if chunk_timeout is not None:
+                    deadline = loop.time() + chunk_timeout
+                for event in events:
+                    yield event
+        for event in decoder.flush():
+            yield event
+    finally:
+        if content.at_eof():
+            resp.release()
+        else:  # abandoned or failed mid-body: the connection cannot be reused
+            resp.close()
+
+
+def header_dict(resp: aiohttp.ClientResponse) -> dict[str, Any]:
+    return {k.lower(): v for k, v in resp.headers.items()}

@@ -1,0 +1,366 @@
+"""Tools: typed Python functions the model can call.
+
+``@tool`` turns a function (sync or async) into a :class:`Tool` whose JSON
+Schema (draft 2020-12) comes from the signature and whose descriptions come
+from the docstring (Google ``Args:`` or reST ``:param x:`` style). Arguments are
+validated against that schema (``jsonschema``) before every call.
+
+Supported annotations: ``str``, ``int``, ``float``, ``bool``, ``None``,
+``list[X]``, ``tuple[X, ...]``, ``dict[str, X]``, ``X | None`` / ``Optional``,
+``Union``, ``Literal[...]``, ``Enum`` subclasses, ``Any``, and ``TypedDict`` /
+attrs classes (as nested objects). Anything else is a
+:class:`~fsm_agent.errors.ToolDefinitionError` at decoration time.
+
+A parameter annotated with :class:`ToolContext` is not shown to the model; the
+runtime passes the call's context (idempotency key, session id) there.
+"""
+
+from __future__ import annotations
+
+import enum
+import inspect
+import re
+import types
+import typing
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Literal, Union, get_args, get_origin
+
+import attrs
+import jsonschema
+from attrs import frozen
+
+from ..errors import ConfigurationError, ToolArgumentsError, ToolDefinitionError
+from ..types.requests import ToolDefinition
+
+__all__ = ["Tool", "ToolContext", "ToolEffect", "ToolRegistry", "tool"]
+
+_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
+DEFAULT_TOOL_TIMEOUT = 600.0
+"""Seconds; seed 000 §5.1.2 ``tool_timeout_secs``."""
+
+
+class ToolEffect(str, enum.Enum):
+    """What running a tool does to the world; decides what a resume may repeat.
+
+    ``pure``: no effect, safe to repeat. ``idempotent``: repeating with the same
+    idempotency key has no further effect. ``side_effect``: repeating may do it
+    twice; never re-run silently.
+    """
+
+    PURE = "pure"
+    IDEMPOTENT = "idempotent"
+    SIDE_EFFECT = "side_effect"
+
+
+@frozen
+class ToolContext:
+    """Passed to a tool parameter annotated ``ToolContext``; hidden from the model."""
+
+    call_id: str
+    """The model's tool-call id."""
+    idempotency_key: str
+    """Stable across resumes of the same call: use it to make side effects happen once."""
+    session_id: str
+    turn: int
+    tool_name: str
+
+
+_DOC_ARGS = re.compile(r"^\s*(Args|Arguments|Parameters|Params)\s*:\s*$", re.I)
+_DOC_SECTION = re.compile(r"^\s*(Returns?|Raises|Yields|Examples?|Notes?|See Also)\s*:?\s*$", re.I)
+_DOC_PARAM_GOOGLE = re.compile(r"^\s*(\*{0,2}\w+)\s*(?:\([^)]*\))?\s*:\s*(.*)$")
+_DOC_PARAM_REST = re.compile(r"^\s*:param\s+(?:[^:]*\s)?(\w+)\s*:\s*(.*)$")
+
+
+def parse_docstring(doc: str | None) -> tuple[str, dict[str, str]]:
+    """(summary, {param: description}) from a Google- or reST-style docstring."""
+    if not doc:
+        return "", {}
+    lines = inspect.cleandoc(doc).splitlines()
+    summary: list[str] = []
+    params: dict[str, str] = {}
+    mode = "summary"
+    current: str | None = None
+    for line in lines:
+        m = _DOC_PARAM_REST.match(line)
+        if m:
+            current = m.group(1)
+            params[current] = m.group(2).strip()
+            mode = "rest"
+            continue
+        if _DOC_ARGS.match(line):
+            mode, current = "args", None
+            continue
+        if _DOC_SECTION.match(line) or line.strip().startswith(":return") or line.strip().startswith(":raises"):
+            mode, current = "other", None
+            continue
+        if mode == "summary":
+            summary.append(line)
+        elif mode in ("args", "rest"):
+            m = _DOC_PARAM_GOOGLE.match(line) if mode == "args" else None
+            indent = len(line) - len(line.lstrip())
+            if m and indent <= 4 and mode == "args":
+                current = m.group(1).lstrip("*")
+                params[current] = m.group(2).strip()
+            elif current and line.strip():
+                params[current] = (params[current] + " " + line.strip()).strip()
+    text = "\n".join(summary).strip()
+    return text, params
+
+
+def _schema(tp: Any, where: str) -> dict[str, Any]:
+    if tp is inspect.Parameter.empty or tp is Any:
+        return {}
+    if tp is str:
+        return {"type": "string"}
+    if tp is bool:
+        return {"type": "boolean"}
+    if tp is int:
+        return {"type": "integer"}
+    if tp is float:
+        return {"type": "number"}
+    if tp is None or tp is type(None):
+        return {"type": "null"}
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        return {"enum": [m.value for m in tp]}
+    origin = get_origin(tp)
+    args = get_args(tp)
+    if origin is Literal:
+        return {"enum": list(args)}
+    if origin in (Union, types.UnionType):
+        non_null = [a for a in args if a is not type(None)]
+        if len(non_null) == 1 and len(args) == 2:
+            inner = _schema(non_null[0], where)
+            if "type" in inner and isinstance(inner["type"], str):
+                return {**inner, "type": [inner["type"], "null"]}
+            return {"anyOf": [inner, {"type": "null"}]}
+        return {"anyOf": [_schema(a, where) for a in args]}
+    if origin in (list, tuple, set, frozenset, Iterable) or tp in (list, tuple, set):
+        if origin is tuple and args and args[-1] is not Ellipsis:
+            return {"type": "array", "prefixItems": [_schema(a, where) for a in args],
+                    "minItems": len(args), "maxItems": len(args)}
+        item = args[0] if args else Any
+        s: dict[str, Any] = {"type": "array"}
+        inner = _schema(item, where)
+        if inner:
+            s["items"] = inner
+        return s
+    if origin in (dict, Mapping) or tp is dict:
+        s = {"type": "object"}
+        if len(args) == 2 and args[1] is not Any:
+            s["additionalProperties"] = _schema(args[1], where)
+        return s
+    if typing.is_typeddict(tp):
+        hints = typing.get_type_hints(tp)
+        required = sorted(getattr(tp, "__required_keys__", hints.keys()))
+        return {"type": "object", "properties": {k: _schema(v, where) for k, v in hints.items()},
+                "required": required, "additionalProperties": False}
+    if attrs.has(tp):
+        hints = typing.get_type_hints(tp)
+        props = {a.name: _schema(hints.get(a.name, Any), where) for a in attrs.fields(tp)}
+        req = [a.name for a in attrs.fields(tp) if a.default is attrs.NOTHING]
+        return {"type": "object", "properties": props, "required": req, "additionalProperties": False}
+    raise ToolDefinitionError(f"{where}: unsupported annotation {tp!r} (use str, int, float, bool, list, dict, "
+                              "Literal, Enum, Optional, TypedDict or an attrs class)")
+
+
+class Tool:
+    """A callable tool: definition (name, description, schema), the function, timeout and effect.
+
+    Calling is done by the runtime (:mod:`fsm_agent.tools.execution`); :meth:`validate`
+    checks arguments against the schema first.
+    """
+
+    __slots__ = ("name", "description", "parameters", "fn", "is_async", "timeout", "effect",
+                 "_validator", "_context_param", "_param_names", "reconcile", "compensate", "strict")
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        *,
+        name: str | None = None,
+        description: str | None = None,
+        parameters: dict[str, Any] | None = None,
+        timeout: float | None = DEFAULT_TOOL_TIMEOUT,
+        effect: ToolEffect | str = ToolEffect.PURE,
+        strict: bool | None = None,
+    ) -> None:
+        self.fn = fn
+        self.name = name or fn.__name__
+        if not _NAME.match(self.name):
+            raise ToolDefinitionError(f"tool name {self.name!r} must match {_NAME.pattern}")
+        summary, param_docs = parse_docstring(fn.__doc__)
+        self.description = description if description is not None else summary
+        self.is_async = inspect.iscoroutinefunction(fn)
+        self.timeout = timeout
+        self.effect = ToolEffect(effect)
+        self.strict = strict
+        self.reconcile: Callable[..., Any] | None = None
+        self.compensate: Callable[..., Any] | None = None
+        self._context_param: str | None = None
+        if parameters is None:
+            parameters = self._schema_from_signature(fn, param_docs)
+        else:
+            self._param_names = tuple((parameters.get("properties") or {}).keys())
+            sig = inspect.signature(fn)
+            for p in sig.parameters.values():
+                if p.annotation is ToolContext or p.annotation == "ToolContext":
+                    self._context_param = p.name
+        self.parameters = parameters
+        try:
+            cls = jsonschema.validators.validator_for(parameters, default=jsonschema.Draft202012Validator)
+            cls.check_schema(parameters)
+            self._validator = cls(parameters)
+        except jsonschema.SchemaError as exc:
+            raise ToolDefinitionError(f"tool {self.name!r}: invalid JSON Schema: {exc.message}") from exc
+
+    def _schema_from_signature(self, fn: Callable[..., Any], docs: dict[str, str]) -> dict[str, Any]:
+        sig = inspect.signature(fn)
+        try:
+            hints = typing.get_type_hints(fn)
+        except Exception as exc:  # noqa: BLE001 - name the tool in the error
+            raise ToolDefinitionError(f"tool {self.name!r}: cannot resolve annotations: {exc}") from exc
+        props: dict[str, Any] = {}
+        required: list[str] = []
+        names = []
+        for p in sig.parameters.values():
+            if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+                raise ToolDefinitionError(f"tool {self.name!r}: *args/**kwargs cannot be described to a model")
+            tp = hints.get(p.name, p.annotation)
+            if tp is ToolContext:
+                self._context_param = p.name
+                continue
+            s = _schema(tp, f"tool {self.name!r} parameter {p.name!r}")
+            if p.name in docs:
+                s = {**s, "description": docs[p.name]}
+            if p.default is inspect.Parameter.empty:
+                required.append(p.name)
+            elif p.default is not None and isinstance(p.default, (str, int, float, bool)):
+                s = {**s, "default": p.default.value if isinstance(p.default, enum.Enum) else p.default}
+            props[p.name] = s
+            names.append(p.name)
+        self._param_names = tuple(names)
+        return {"type": "object", "properties": props, "required": required, "additionalProperties": False}
+
+    @property
+    def definition(self) -> ToolDefinition:
+        """What the model sees."""
+        return ToolDefinition(self.name, self.description, self.parameters, self.strict)
+
+    def validate(self, arguments: Mapping[str, Any]) -> None:
+        """Check ``arguments`` against the schema.
+
+        Raises:
+            ToolArgumentsError: every violation, with its JSON path, in one message.
+        """
+        errors = sorted(self._validator.iter_errors(arguments), key=lambda e: list(e.path))
+        if errors:
+            parts = []
+            for e in errors[:5]:
+                path = "/".join(str(x) for x in e.absolute_path) or "(root)"
+                parts.append(f"{path}: {e.message}")
+            raise ToolArgumentsError(f"invalid arguments for tool {self.name!r}: " + "; ".join(parts))
+
+    def bind(self, arguments: Mapping[str, Any], context: ToolContext | None) -> dict[str, Any]:
+        kwargs = dict(arguments)
+        if self._context_param is not None and context is not None:
+            kwargs[self._context_param] = context
+        return kwargs
+
+    def on_reconcile(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """Decorator: ``fn(arguments, context) -> result | None`` decides the outcome of a call found
+        started but unfinished after a crash (``None``: unknown, ask a human)."""
+        self.reconcile = fn
+        return fn
+
+    def on_compensate(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """Decorator: ``fn(arguments, result, context)`` undoes a completed call when the run is cancelled."""
+        self.compensate = fn
+        return fn
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.fn(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"Tool(name={self.name!r}, effect={self.effect.value!r}, timeout={self.timeout!r})"
+
+
+@typing.overload
+def tool(fn: Callable[..., Any], /) -> Tool: ...
+@typing.overload
+def tool(
+    *, name: str | None = None, description: str | None = None, timeout: float | None = DEFAULT_TOOL_TIMEOUT,
+    effect: ToolEffect | str = ToolEffect.PURE, strict: bool | None = None,
+) -> Callable[[Callable[..., Any]], Tool]: ...
+
+
+def tool(
+    fn: Callable[..., Any] | None = None,
+    /,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    timeout: float | None = DEFAULT_TOOL_TIMEOUT,
+    effect: ToolEffect | str = ToolEffect.PURE,
+    strict: bool | None = None,
+) -> Tool | Callable[[Callable[..., Any]], Tool]:
+    """Make a tool of a typed function; usable bare (``@tool``) or with options.
+
+    Args:
+        name: tool name (default: the function's name).
+        description: what the model reads (default: the docstring's summary).
+        timeout: seconds one call may take (default 600, seed 000); ``None``: no limit.
+        effect: ``pure`` (default), ``idempotent`` or ``side_effect``.
+
+    Raises:
+        ToolDefinitionError: an annotation has no JSON Schema, or the name is invalid.
+    """
+
+    def wrap(f: Callable[..., Any]) -> Tool:
+        return Tool(f, name=name, description=description, timeout=timeout, effect=effect, strict=strict)
+
+    return wrap(fn) if fn is not None else wrap
+
+
+class ToolRegistry:
+    """Tools by unique name, in registration order."""
+
+    def __init__(self, tools: Iterable[Tool | Callable[..., Any]] = ()) -> None:
+        self._tools: dict[str, Tool] = {}
+        for t in tools:
+            self.add(t)
+
+    def add(self, t: Tool | Callable[..., Any]) -> Tool:
+        """Register ``t`` (a plain function is wrapped with :func:`tool`).
+
+        Raises:
+            ConfigurationError: another tool has the same name.
+        """
+        if not isinstance(t, Tool):
+            t = tool(t)
+        if t.name in self._tools:
+            raise ConfigurationError(f"two tools are named {t.name!r}; tool names must be unique")
+        self._tools[t.name] = t
+        return t
+
+    def get(self, name: str) -> Tool | None:
+        return self._tools.get(name)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._tools
+
+    def __iter__(self) -> typing.Iterator[Tool]:
+        return iter(self._tools.values())
+
+    def __len__(self) -> int:
+        return len(self._tools)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(self._tools)
+
+    def definitions(self, names: Iterable[str] | None = None) -> tuple[ToolDefinition, ...]:
+        """Definitions of all tools, or of ``names`` only (in registration order)."""
+        if names is None:
+            return tuple(t.definition for t in self._tools.values())
+        wanted = set(names)
+        return tuple(t.definition for t in self._tools.values() if t.name in wanted)

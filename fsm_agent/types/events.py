@@ -1,0 +1,89 @@
+"""What observers receive: one frozen params object per signal (STYLE habit 4).
+
+These are notifications, not commands: an observer cannot change the run, and
+an observer that raises is logged and ignored.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar, Union
+
+from attrs import frozen
+
+from .content import ToolUseBlock
+from .messages import ToolResultMessage
+from .stream import StreamEvent
+
+__all__ = [
+    "BudgetWarning",
+    "ModelStreamEvent",
+    "ObserverEvent",
+    "ToolFinished",
+    "ToolStarted",
+    "TransitionEvent",
+]
+
+
+@frozen
+class TransitionEvent:
+    """The machine moved: ``from_state`` --``trigger``--> ``to_state``."""
+
+    TAG: ClassVar[str] = "transition"
+    session_id: str
+    turn: int
+    """Turn number (1-based; 0 before the first model call)."""
+    from_state: str
+    trigger: str
+    to_state: str
+    reason: str
+    """Why, in words (``model stop reason tool_use``, ``iterations budget exhausted`` ...)."""
+    ts: float
+    """Unix time (seconds)."""
+
+
+@frozen
+class ModelStreamEvent:
+    """One stream event of the current model call (text and thinking deltas, tool-call deltas ...)."""
+
+    TAG: ClassVar[str] = "model_event"
+    session_id: str
+    turn: int
+    event: StreamEvent
+
+
+@frozen
+class ToolStarted:
+    """A tool call is about to execute."""
+
+    TAG: ClassVar[str] = "tool_started"
+    session_id: str
+    turn: int
+    call: ToolUseBlock
+
+
+@frozen
+class ToolFinished:
+    """A tool call produced its result (``result.is_error`` for failures, denials and timeouts)."""
+
+    TAG: ClassVar[str] = "tool_finished"
+    session_id: str
+    turn: int
+    call: ToolUseBlock
+    result: ToolResultMessage
+    duration_s: float
+    """Execution time (seconds)."""
+
+
+@frozen
+class BudgetWarning:
+    """A budget crossed its soft threshold."""
+
+    TAG: ClassVar[str] = "budget_warning"
+    session_id: str
+    turn: int
+    budget: str
+    used: float
+    limit: float
+
+
+ObserverEvent = Union[TransitionEvent, ModelStreamEvent, ToolStarted, ToolFinished, BudgetWarning]

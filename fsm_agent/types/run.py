@@ -1,0 +1,122 @@
+"""How a run ends: the seven StopReasons, their payload, and the run's result.
+
+Seed 004 §4: a stop reason is not a free string; it drives UI, resume, billing
+and evaluation. Each carries ``checkpoint_id``, ``last_safe_point``,
+``pending_actions``, ``required_decision``, ``evidence_refs``, ``detail`` and
+``resumable``.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+from attrs import field, frozen
+
+from .content import ToolUseBlock
+from .messages import Message, ModelStopReason, Usage
+
+__all__ = [
+    "PendingAction",
+    "RunResult",
+    "RunStop",
+    "StopReason",
+]
+
+
+def _tuple(value: Any) -> tuple[Any, ...]:
+    return value if isinstance(value, tuple) else tuple(value)
+
+
+class StopReason(str, enum.Enum):
+    """The seven ways a run ends. Each is a terminal state of the machine."""
+
+    COMPLETED = "COMPLETED"
+    """The verifier (or, with none, the model's end of turn) says the task is done."""
+    WAITING_HUMAN = "WAITING_HUMAN"
+    """A decision from a person is needed (approval of a tool call, a question)."""
+    PAUSED_BUDGET = "PAUSED_BUDGET"
+    """A budget (iterations, wall clock, tokens, cost) ran out; resumable with a larger one."""
+    INTERRUPTED = "INTERRUPTED"
+    """Stopped from outside; state frozen and resumable."""
+    FAILED_RETRYABLE = "FAILED_RETRYABLE"
+    """A transient failure outlasted the retries; resuming later may succeed."""
+    FAILED_TERMINAL = "FAILED_TERMINAL"
+    """A failure that retrying will not fix (bad request, content filtered, auth)."""
+    CANCELLED = "CANCELLED"
+    """The user cancelled the task."""
+
+    @property
+    def resumable(self) -> bool:
+        return self in _RESUMABLE
+
+
+_RESUMABLE = frozenset(
+    {StopReason.WAITING_HUMAN, StopReason.PAUSED_BUDGET, StopReason.INTERRUPTED, StopReason.FAILED_RETRYABLE}
+)
+
+
+@frozen
+class PendingAction:
+    """A tool call waiting for something (a human decision, a reconcile) when a run stopped."""
+
+    call: ToolUseBlock
+    """The tool call as the model proposed it."""
+    reason: str = ""
+    """Why it waits: ``approval_required``, ``interrupted``, ``unknown_outcome`` ..."""
+    allowed_decisions: tuple[str, ...] = field(default=("approve", "edit", "reject", "respond"), converter=_tuple)
+
+
+@frozen
+class RunStop:
+    """The stop reason of a run with its payload (DESIGN.md §2)."""
+
+    reason: StopReason
+    detail: str = ""
+    """What happened, in words a user can act on."""
+    resumable: bool = False
+    checkpoint_id: str | None = None
+    """Checkpoint to resume from, or ``None`` when nothing was persisted."""
+    last_safe_point: str | None = None
+    """The phase boundary the run can resume from (``PreTurn``, ``MidTurn``), or ``None``."""
+    pending_actions: tuple[PendingAction, ...] = field(default=(), converter=_tuple)
+    required_decision: str | None = None
+    """What a person must decide before resuming, or ``None``."""
+    evidence_refs: tuple[str, ...] = field(default=(), converter=_tuple)
+    """References to the evidence behind the stop (verifier records, event seqs)."""
+    budget: str | None = None
+    """For PAUSED_BUDGET: which budget ran out (``iterations``, ``wall_clock``, ``tokens``, ``cost``)."""
+    error: dict[str, Any] | None = None
+    """For failures: :meth:`fsm_agent.errors.ProviderError.to_info` or ``{"kind", "message"}``."""
+
+
+@frozen
+class RunResult:
+    """What :meth:`fsm_agent.Agent.run` returns. Branch on ``stop.reason``, never on exceptions."""
+
+    session_id: str
+    stop: RunStop
+    output: str
+    """The last assistant text ('' when the model produced none)."""
+    messages: tuple[Message, ...] = field(converter=_tuple)
+    """The whole transcript, system prompt included."""
+    usage: Usage = Usage()
+    """Tokens over all model calls of this run (``estimated`` when any call reported none)."""
+    turns: int = 0
+    """Model calls made (iterations)."""
+    tool_calls: int = 0
+    """Tool calls executed."""
+    model_stop_reason: ModelStopReason | None = None
+    """Stop reason of the last model response, or ``None`` when no call finished."""
+    cost_usd: float | None = None
+    """Cost over all calls (USD) when every model had a price, else ``None``."""
+    duration_s: float = 0.0
+    """Wall-clock time of this run (seconds)."""
+
+    @property
+    def reason(self) -> StopReason:
+        return self.stop.reason
+
+    @property
+    def ok(self) -> bool:
+        return self.stop.reason is StopReason.COMPLETED
