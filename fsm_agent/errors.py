@@ -17,6 +17,7 @@
             │                          status, body, headers (lower-cased), provider, retryable
             ├── RateLimitError         429 (retry_after seconds when the server says)
             │   └── RateLimitRequestTooLargeError  one request exceeds a per-minute token limit: waiting won't help
+            ├── QuotaExceededError     402 / insufficient_quota: the account has no credit left
             ├── OverloadedError        529 / 503 "overloaded"
             ├── ContextLengthExceededError   the prompt does not fit the model's window
             ├── AuthenticationError    401
@@ -72,6 +73,7 @@ __all__ = [
     "ProviderError",
     "ProviderProtocolError",
     "ProviderTimeoutError",
+    "QuotaExceededError",
     "RateLimitError",
     "RateLimitRequestTooLargeError",
     "RequestTooLargeError",
@@ -224,6 +226,10 @@ class RateLimitRequestTooLargeError(RateLimitError):
     default_retryable = False
 
 
+class QuotaExceededError(ProviderError):
+    """The account's balance or quota is exhausted (HTTP 402, ``insufficient_quota``); retrying will not help."""
+
+
 class OverloadedError(ProviderError):
     """The provider is temporarily over capacity (Anthropic 529, ``overloaded_error``)."""
 
@@ -328,6 +334,7 @@ _KINDS: dict[type, str] = {
     RateLimitRequestTooLargeError: "rate_limited_request_too_large",
     InvalidHistoryError: "invalid_history",
     OverloadedError: "overloaded",
+    QuotaExceededError: "quota_exceeded",
     ContextLengthExceededError: "context_length_exceeded",
     AuthenticationError: "authentication",
     PermissionDeniedError: "permission_denied",

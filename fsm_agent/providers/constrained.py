@@ -51,19 +51,19 @@ SCHEMA_NAME = "tool_call_or_final_answer"
 def tool_call_schema(request: MessageRequest) -> dict[str, Any]:
     """The JSON Schema that admits exactly one tool call or a final answer."""
     options: list[dict[str, Any]] = []
+    if request.tool_choice != "required":
+        options.append({
+            "type": "object",
+            "properties": {"final_answer": {"type": "string"}},
+            "required": ["final_answer"],
+            "additionalProperties": False,
+        })
     for t in request.tools:
         params = t.parameters or {"type": "object", "properties": {}}
         options.append({
             "type": "object",
             "properties": {"tool": {"type": "string", "enum": [t.name]}, "arguments": params},
             "required": ["tool", "arguments"],
-            "additionalProperties": False,
-        })
-    if request.tool_choice != "required":
-        options.append({
-            "type": "object",
-            "properties": {"final_answer": {"type": "string"}},
-            "required": ["final_answer"],
             "additionalProperties": False,
         })
     return options[0] if len(options) == 1 else {"anyOf": options}
@@ -101,7 +101,11 @@ def _rewrite(messages: tuple[Message, ...]) -> list[Message]:
         elif isinstance(m, ToolResultMessage):
             name = m.name or names.get(m.tool_call_id, "tool")
             status = "failed" if m.is_error else "returned"
-            out.append(UserMessage(f"Tool {name} {status}: {m.text}"))
+            out.append(UserMessage(
+                f"Tool {name} {status}: {m.text}\n"
+                'If this answers the question, reply with {"final_answer": "..."} now; '
+                "do not repeat the same tool call."
+            ))
         else:
             out.append(m)
     return out

@@ -41,6 +41,7 @@ from ..errors import (
     ProviderConnectionError,
     ProviderError,
     ProviderTimeoutError,
+    QuotaExceededError,
     RateLimitError,
     RateLimitRequestTooLargeError,
     RequestTooLargeError,
@@ -87,6 +88,8 @@ _HISTORY_PATTERNS = [
     re.compile(r"reasoning_content.{0,40}must be passed back", re.I),
     re.compile(r"text content blocks must be non-empty", re.I),
 ]
+_LOOSE_FIELD = re.compile(r"""['"](message|code|type)['"]\s*:\s*['"]([^'"]{1,500})['"]""")
+_TRY_AGAIN = re.compile(r"try again in\s*(\d+(?:\.\d+)?)\s*(ms|s|seconds?)\b", re.I)
 _TPM = re.compile(r"request too large .*?(?:tokens per min|TPM)", re.I | re.S)
 _FILTER_CODES = {"content_filter", "content_policy_violation", "data_inspection_failed", "content_filtered"}
 
@@ -130,7 +133,10 @@ def _extract(body: Any) -> tuple[str, str | None, str | None]:
         try:
             body = orjson.loads(text) if text.strip() else None
         except orjson.JSONDecodeError:
-            return text.strip()[:2000], None, None
+            # not JSON (an HTML page, a gateway's Python repr of the error): pull the usual fields out
+            fields = {k: v for k, v in _LOOSE_FIELD.findall(text)}
+            message = fields.get("message") or text.strip()[:2000]
+            return message, fields.get("code"), fields.get("type")
     if isinstance(body, list) and body and isinstance(body[0], dict):  # some gateways wrap in a list
         body = body[0]
     if not isinstance(body, dict):
@@ -230,10 +236,15 @@ def classify_error(
                 f"request too large for the per-minute token limit: {message} "
                 "(waiting will not help; send a smaller request or raise the limit)", **kw)
         if lower_code == "insufficient_quota" or lower_type == "insufficient_quota":
-            return RateLimitError(f"quota exhausted: {message} (check the account's billing)", retryable=False, **kw)
-        return RateLimitError(f"rate limited: {message}", retry_after=parse_retry_after(hdrs), **kw)
-    if lower_code == "insufficient_quota" or lower_type == "insufficient_quota":
-        return RateLimitError(f"quota exhausted: {message} (check the account's billing)", retryable=False, **kw)
+            return QuotaExceededError(f"quota exhausted: {message} (check the account's plan and billing)", **kw)
+        retry_after = parse_retry_after(hdrs)
+        if retry_after is None:
+            m = _TRY_AGAIN.search(message)
+            if m:
+                retry_after = float(m.group(1)) / (1000.0 if m.group(2).lower() == "ms" else 1.0)
+        return RateLimitError(f"rate limited: {message}", retry_after=retry_after, **kw)
+    if eff_status == 402 or lower_code == "insufficient_quota" or lower_type == "insufficient_quota":
+        return QuotaExceededError(f"quota exhausted: {message} (check the account's plan and billing)", **kw)
     if eff_status == 529 or lower_type in ("overloaded_error", "overloaded") or "overloaded" in message.lower() and eff_status in (503, 529, None, 200):
         return OverloadedError(f"provider overloaded: {message}", **kw)
     if lower_code in _FILTER_CODES or lower_type in _FILTER_CODES:

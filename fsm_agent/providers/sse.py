@@ -178,7 +178,9 @@ class SSEDecoder:
             value = value[1:]
         if name == "data":
             self._data.append(value)
-            self._data_len += len(value) + 1
+            self._data_len += len(raw) + 1
+            if self._data_len > self._max:
+                self._too_big()
         elif name == "event":
             self._event = value
         elif name == "id":
