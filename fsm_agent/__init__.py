@@ -67,7 +67,6 @@ from .types import (
 )
 
 __all__ = [
-    "TRANSITIONS",
     "Agent",
     "Allow",
     "AskApproval",
@@ -110,6 +109,7 @@ __all__ = [
     "StopReason",
     "StopRun",
     "SystemMessage",
+    "TRANSITIONS",
     "TextBlock",
     "ThinkingBlock",
     "Tool",

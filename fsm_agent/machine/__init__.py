@@ -6,17 +6,17 @@ from .driver import STOP_TRIGGERS, Driver
 from .phases import PHASES, STATES, TERMINALS, TRANSITIONS, Phase, Transition, Trigger
 
 __all__ = [
+    "Driver",
+    "IllegalTransition",
+    "MachineState",
     "PHASES",
+    "Phase",
+    "RunConfig",
+    "RunContext",
     "STATES",
     "STOP_TRIGGERS",
     "TERMINALS",
     "TRANSITIONS",
-    "Driver",
-    "IllegalTransition",
-    "MachineState",
-    "Phase",
-    "RunConfig",
-    "RunContext",
     "Transition",
     "Trigger",
 ]

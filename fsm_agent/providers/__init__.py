@@ -17,8 +17,8 @@ from .scripted import ScriptedProvider, text_response, tool_call_response
 from .sse import SSEDecoder, ServerSentEvent
 
 __all__ = [
-    "PROFILES",
     "HttpProvider",
+    "PROFILES",
     "Profile",
     "Provider",
     "ProviderCapabilities",
