@@ -85,6 +85,24 @@ class RunContext:
     """Set once the context-length recovery (re-trim and retry once, case B20) was used."""
     max_output_override: int | None = None
     """A lowered ``max_tokens`` for the next call (context-length recovery)."""
+    outbox: list[Any] = field(factory=list)
+    """Observer events queued by middleware with :meth:`emit`; delivered after the current hook."""
+    call_provider: Any = None
+    """``await ctx.call_provider(request, provider=None) -> MessageResponse``: one model call through the
+    runtime's streaming path (observers see the deltas), with ``provider`` instead of the run's when given.
+    Set by the driver; middleware use it for fallbacks and model-graded checks."""
+
+    def emit(self, event: Any) -> None:
+        """Queue an observer event (e.g. :class:`~fsm_agent.types.BudgetWarning`); middleware cannot await
+        observers themselves, and observers cannot change the run."""
+        self.outbox.append(event)
+
+    @property
+    def remaining_wall_clock(self) -> float | None:
+        """Seconds left of the wall-clock budget, or ``None`` without one."""
+        if self.config.max_wall_clock is None:
+            return None
+        return max(0.0, self.config.max_wall_clock - self.elapsed)
 
     @property
     def state_name(self) -> str:

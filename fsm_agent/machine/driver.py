@@ -96,6 +96,12 @@ class Driver:
         self._stop_payload: dict[str, Any] = {}
         self.interrupt_requested: str | None = None
         self.cancel_requested: str | None = None
+        ctx.call_provider = self._provider_call
+
+    async def _flush(self) -> None:
+        """Deliver observer events middleware queued with ``ctx.emit``."""
+        while self.ctx.outbox:
+            await self.bus.emit(self.ctx.outbox.pop(0))
 
     # -- transitions ----------------------------------------------------------------
     async def _fire(self, trigger: Trigger, reason: str) -> None:
@@ -139,6 +145,7 @@ class Driver:
             await self._fire(first, reason)
             while not ctx.machine.is_terminal:
                 state = ctx.machine.state
+                await self._flush()
                 try:
                     if state is Phase.PRE_TURN:
                         await self._pre_turn()
@@ -174,6 +181,7 @@ class Driver:
             await self.chain.run_lifecycle("on_run_end", ctx, result)
         except (MiddlewareError, StopRun) as exc:
             log.error("on_run_end failed after the run ended: %s", exc)
+        await self._flush()
         return result
 
     def _result(self, duration: float) -> RunResult:
@@ -245,9 +253,10 @@ class Driver:
             thinking=cfg.thinking,
         )
 
-    async def _provider_call(self, request: MessageRequest) -> MessageResponse:
+    async def _provider_call(self, request: MessageRequest, provider: Any = None) -> MessageResponse:
+        """One call to ``provider`` (default: the run's), streamed when configured; deltas go to observers."""
         ctx = self.ctx
-        provider = ctx.provider
+        provider = provider or ctx.provider
         if not (ctx.config.stream and provider.capabilities.streaming):
             return await provider.chat(request)
         final: MessageResponse | None = None
@@ -275,7 +284,7 @@ class Driver:
         ctx.turn += 1
         request = self.build_request()
         ctx.max_output_override = None
-        call = self.chain.wrap("wrap_model_call", self._provider_call, ctx)
+        call = self.chain.wrap("wrap_model_call", lambda req: self._provider_call(req), ctx)
         token = None
         if ctx.config.max_wall_clock is not None:
             token = call_deadline.set(time.monotonic() + max(0.0, ctx.config.max_wall_clock - ctx.elapsed))
