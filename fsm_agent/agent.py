@@ -19,23 +19,34 @@ middleware chain is frozen then, and adding middleware afterwards raises.
 from __future__ import annotations
 
 import asyncio
+import os
+import socket
+import time
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+import orjson
 from attrs import evolve
 
 from .chain import MiddlewareChain
-from .errors import ChainError
+from .control import Cancel, Decision, Followup, Interrupt, LoopControl, Steer
+from .errors import ChainError, ResumeError
 from .hooks import HookBus
 from .machine.context import RunConfig, RunContext
+from .machine.definition import MachineState
 from .machine.driver import Driver
+from .machine.phases import Phase, Trigger
 from .middleware import Middleware
 from .pricing import cost_usd
 from .providers.base import Provider
+from .session import Journal, load_session
+from .store.base import ControlKind, ControlRecord, SessionRecord, Store
+from .store.memory import MemoryStore
 from .tools.registry import Tool, ToolRegistry
+from .types.codec import structure, unstructure
 from .types.messages import Message, SystemMessage, UserMessage
-from .types.run import RunResult
+from .types.run import RunResult, StopReason
 
 __all__ = ["Agent"]
 
@@ -50,6 +61,12 @@ class Agent:
         middleware: policy plugins; list order is wrapping order (first = outermost).
         observers: watchers (see :mod:`fsm_agent.hooks`).
         config: budgets and limits (:class:`RunConfig`; defaults from seed 000).
+        store: where sessions live (default: :class:`~fsm_agent.store.MemoryStore`, in process; use
+            :class:`~fsm_agent.store.SQLiteStore` or :class:`~fsm_agent.store.PostgresStore` to resume
+            in another process or host).
+        worker_id: this worker's lease owner name (default: host:pid:random).
+        lease_ttl: seconds a session lease lasts without renewal.
+        control_poll: seconds between checks for control events while a model call or tools run.
 
     Raises:
         ChainError: the middleware cannot form a chain (cycle, missing requirement, bad hook).
@@ -65,6 +82,10 @@ class Agent:
         middleware: Iterable[Middleware] = (),
         observers: Iterable[Any] = (),
         config: RunConfig | None = None,
+        store: Store | None = None,
+        worker_id: str | None = None,
+        lease_ttl: float = 30.0,
+        control_poll: float = 0.5,
     ) -> None:
         self.provider = provider
         self.tools = tools if isinstance(tools, ToolRegistry) else ToolRegistry(tools)
@@ -72,6 +93,10 @@ class Agent:
         self.chain = MiddlewareChain(middleware)
         self.hooks = HookBus(observers)
         self.config = config or RunConfig()
+        self.store: Store = store if store is not None else MemoryStore()
+        self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.lease_ttl = lease_ttl
+        self.control_poll = control_poll
 
     @property
     def middleware(self) -> tuple[Middleware, ...]:
@@ -109,9 +134,19 @@ class Agent:
             transcript=messages,
         )
 
-    def driver(self, ctx: RunContext) -> Driver:
+    def driver(self, ctx: RunContext, journal: Journal | None = None) -> Driver:
         self.chain.freeze()
-        return Driver(ctx, self.chain, self.hooks, cost_of=cost_usd)
+        return Driver(ctx, self.chain, self.hooks, cost_of=cost_usd, journal=journal,
+                      control_poll=self.control_poll, lease_ttl=self.lease_ttl)
+
+    async def _drive(self, ctx: RunContext, journal: Journal, first: Trigger | None, reason: str) -> RunResult:
+        try:
+            return await self.driver(ctx, journal).run(first, reason)
+        finally:
+            try:
+                await self.store.release_lease(ctx.session_id, self.worker_id)
+            except Exception:  # noqa: BLE001 - the lease expires on its own
+                pass
 
     async def run(
         self,
@@ -119,6 +154,7 @@ class Agent:
         *,
         session_id: str | None = None,
         config: RunConfig | None = None,
+        metadata: Mapping[str, Any] | None = None,
         **limits: Any,
     ) -> RunResult:
         """Run ``task`` (a user message, a message, or a whole history) to a StopReason.
@@ -133,8 +169,93 @@ class Agent:
         cfg = config or self.config
         if limits:
             cfg = evolve(cfg, **limits)
-        ctx = self.new_context(self._initial_messages(task), session_id=session_id, config=cfg)
-        return await self.driver(ctx).run()
+        messages = self._initial_messages(task)
+        ctx = self.new_context(list(messages), session_id=session_id, config=cfg)
+        goal = next((m.text for m in messages if isinstance(m, UserMessage)), "")
+        await self.store.create_session(SessionRecord(ctx.session_id, Phase.IDLE.value, goal=goal[:2000],
+                                                      metadata=dict(metadata or {})))
+        if not await self.store.acquire_lease(ctx.session_id, self.worker_id, self.lease_ttl):
+            raise ResumeError(f"session {ctx.session_id} is leased by another worker")
+        journal = Journal(self.store, ctx.session_id, 1, self.worker_id)
+        journal.record("session_started", {"goal": goal, "config": unstructure(cfg)})
+        for m in messages:
+            journal.message(m, 0)
+        return await self._drive(ctx, journal, Trigger.START, "start")
+
+    async def resume(
+        self,
+        session_id: str,
+        *,
+        decisions: Mapping[str, Decision] | None = None,
+        confirm_cancel: bool = False,
+        **limits: Any,
+    ) -> RunResult:
+        """Continue a stopped (or crashed) session from its last checkpoint.
+
+        Args:
+            decisions: for WAITING_HUMAN, a :class:`~fsm_agent.control.Decision` per pending tool-call id.
+                Calls without one stay pending (the run stops WAITING_HUMAN again).
+            confirm_cancel: for a cancel waiting on uncompensated side effects: confirm it.
+            limits: raised budgets (``max_iterations=80``, ``max_wall_clock=1200`` ...) for a PAUSED_BUDGET run.
+
+        Completed tool calls never run again (the ledger has their results); a side-effect call
+        found started but unfinished after a crash is reconciled by its tool or put to a person.
+
+        Raises:
+            ResumeError: unknown session; it ended COMPLETED, FAILED_TERMINAL or CANCELLED; another
+                worker holds its lease.
+        """
+        loaded = await load_session(self.store, session_id)
+        if loaded is None:
+            raise ResumeError(f"unknown session {session_id!r}")
+        rec = loaded.record
+        try:
+            terminal: StopReason | None = StopReason(rec.state)
+        except ValueError:
+            terminal = None
+        if terminal is not None and not terminal.resumable:
+            raise ResumeError(f"session {session_id} ended {terminal.value}; only WAITING_HUMAN, PAUSED_BUDGET, "
+                              "INTERRUPTED and FAILED_RETRYABLE sessions can be resumed")
+        if not await self.store.acquire_lease(session_id, self.worker_id, self.lease_ttl):
+            raise ResumeError(f"session {session_id} is being driven by worker {rec.lease_owner} "
+                              f"(lease until {time.ctime(rec.lease_until or 0)}); interrupt it or wait")
+        ck = loaded.checkpoint
+        cfg = structure(ck.data["config"], RunConfig) if ck is not None else self.config
+        if limits:
+            cfg = evolve(cfg, **limits)
+        ctx = self.new_context(loaded.transcript, session_id=session_id, config=cfg)
+        loaded.restore(ctx)
+        ctx.ledger = dict(loaded.ledger)
+        ctx.decisions = dict(decisions or {})
+        ctx.cancel_confirmed = confirm_cancel
+        ctx.goal_version = rec.goal_version
+        journal = Journal(self.store, session_id, rec.last_seq + 1, self.worker_id)
+        if terminal is not None:
+            ctx.machine = MachineState(terminal)
+            to_tools = ck is not None and ck.safe_point == Phase.MID_TURN.value and bool(ctx.pending_calls)
+            first = Trigger.RESUME_TOOLS if to_tools else Trigger.RESUME
+            reason = "resume" + (f" with {len(ctx.decisions)} decision(s)" if ctx.decisions else "")
+            return await self._drive(ctx, journal, first, reason)
+        # Not terminal: the worker that drove it is gone (its lease expired). Continue at the last safe point.
+        if ck is None:
+            ctx.machine = MachineState(Phase.IDLE)
+            return await self._drive(ctx, journal, Trigger.START, "start (recovered: no checkpoint yet)")
+        ctx.machine = MachineState(Phase(ck.safe_point))
+        journal.record("recovered", {"state": rec.state, "checkpoint_id": ck.checkpoint_id,
+                                     "reason": f"worker {rec.lease_owner} stopped in {rec.state}"})
+        return await self._drive(ctx, journal, None, "recovered")
+
+    async def control(self, session_id: str, control: LoopControl) -> None:
+        """Send a control event to a session, wherever it runs (through the store)."""
+        kind = {Steer: ControlKind.STEER, Followup: ControlKind.FOLLOWUP, Interrupt: ControlKind.INTERRUPT,
+                Cancel: ControlKind.CANCEL}[type(control)]
+        text = getattr(control, "text", None) or getattr(control, "reason", "")
+        await self.store.push_control(ControlRecord(session_id, kind, text))
+
+    async def decide(self, session_id: str, call_id: str, decision: Decision) -> None:
+        """Deliver a decision to a run waiting in process (Hang-Wait, ``RunConfig.approval_timeout``)."""
+        text = orjson.dumps({"call_id": call_id, "decision": unstructure(decision)}).decode()
+        await self.store.push_control(ControlRecord(session_id, ControlKind.DECISION, text))
 
     def run_sync(self, task: str | Message | Sequence[Message], **kw: Any) -> RunResult:
         """:meth:`run` from synchronous code (starts and closes an event loop)."""

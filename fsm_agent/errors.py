@@ -13,6 +13,7 @@
     └── RunError                       a failure while a run is under way
         ├── ToolArgumentsError         a tool call's arguments do not match its schema
         ├── MiddlewareError            a fail-closed middleware raised (wraps the cause)
+        ├── LeaseLost                  another worker holds the session's lease; this one must stop writing
         └── ProviderError              anything a provider call can fail with; carries
             │                          status, body, headers (lower-cased), provider, retryable
             ├── RateLimitError         429 (retry_after seconds when the server says)
@@ -65,6 +66,7 @@ __all__ = [
     "FsmAgentError",
     "InvalidHistoryError",
     "InvalidRequestError",
+    "LeaseLost",
     "MiddlewareError",
     "NotFoundError",
     "OverloadedError",
@@ -140,6 +142,11 @@ class MiddlewareError(RunError):
         super().__init__(f"middleware {middleware!r} failed in {hook}: {type(cause).__name__}: {cause}")
         self.middleware = middleware
         self.hook = hook
+
+
+class LeaseLost(RunError):  # noqa: N818 - a condition the driver reacts to
+    """This worker no longer holds the session's lease (it expired and another worker took it);
+    its writes are refused so that one session is driven by one worker at a time."""
 
 
 class ProviderError(RunError):

@@ -42,6 +42,9 @@ class RunConfig:
     temperature: float | None = None
     thinking: ThinkingConfig | None = None
     tool_choice: str | None = None
+    approval_timeout: float | None = None
+    """Hang-Wait: seconds to wait in process for a person's decision on a tool call before stopping
+    WAITING_HUMAN (Stop-Resume). ``None`` (default): stop at once and resume later."""
 
 
 @define(slots=False)
@@ -85,6 +88,14 @@ class RunContext:
     """Set once the context-length recovery (re-trim and retry once, case B20) was used."""
     max_output_override: int | None = None
     """A lowered ``max_tokens`` for the next call (context-length recovery)."""
+    decisions: dict[str, Any] = field(factory=dict)
+    """Decisions (:class:`~fsm_agent.control.Decision`) on pending tool calls, by call id, given at resume."""
+    ledger: dict[str, Any] = field(factory=dict)
+    """The session's tool-call ledger (call id -> LedgerEntry) as loaded and updated by this run."""
+    goal_version: int = 1
+    """Incremented by each Steer."""
+    cancel_confirmed: bool = False
+    """A person confirmed a cancel whose side effects have no compensation."""
     outbox: list[Any] = field(factory=list)
     """Observer events queued by middleware with :meth:`emit`; delivered after the current hook."""
     call_provider: Any = None

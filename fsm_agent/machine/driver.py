@@ -1,33 +1,42 @@
 """The loop: one explicit function that runs each phase's work and fires the triggers.
 
 The ``transitions`` machine only checks that each move is a row of the table;
-everything else happens here, between triggers, in one task (so middleware
-``call_next`` stays in the caller's task and ``contextvars`` hold). Phases:
+everything else happens here, between triggers. Phases:
 
-* **PreTurn** — control flags → budgets (seed 000 order: shutdown, iterations,
-  wall clock, tokens, cost) → context built from the transcript → PreTurn
-  middleware → ``call_model``.
+* **PreTurn** — control events (interrupt, cancel, steer) → budgets (seed 000
+  order: shutdown, iterations, wall clock, tokens, cost) → context built from
+  the transcript → PreTurn middleware → ``call_model``.
 * **Model** — the ``wrap_model_call`` chain around one provider call (streamed:
   every event passes ``on_model_event`` and then the observers) → usage and
   cost → route on the response: tool calls → ``tool_use``; end of turn, stop
   sequence, max tokens, pause → ``model_done``; content filtered or refused →
   ``fail_terminal``; a provider error → ``fail_retryable`` / ``fail_terminal``;
   a context-window error → ``retry_context`` once (case B20).
-* **MidTurn** — per call: policy decisions (``on_tool_call``) → execution of
-  the allowed calls in parallel inside the ``wrap_tool_call`` chain → results
-  appended in call order → ``tools_done``; or ``wait_human`` when a call needs
-  approval.
-* **PostTurn** — ``post_turn`` decisions (verifier) → ``complete`` or ``next_turn``.
+* **MidTurn** — per call, through the tool-call ledger: a call already
+  completed (a resume) is never run again; a side-effect call found started but
+  unfinished (a crash) is reconciled by its tool or put to a person; the others
+  get policy decisions (``on_tool_call``) or a person's decision (a resume) and
+  run in parallel inside the ``wrap_tool_call`` chain, each ledger state written
+  before the step it names → results in call order → ``tools_done``; or
+  ``wait_human`` when a call needs a decision.
+* **PostTurn** — ``post_turn`` decisions (verifier) → queued followups →
+  ``complete`` or ``next_turn``.
+
+Model and MidTurn run as tasks a control watcher can cancel, so an Interrupt or
+Cancel from another process stops a stream or a tool mid-flight. Middleware
+``call_next`` chains stay inside one task (``contextvars`` hold).
 
 A middleware raising :class:`~fsm_agent.errors.StopRun` ends the run with its
 StopReason; a fail-closed middleware failure ends it FAILED_TERMINAL. The
 result always names a StopReason: the driver never lets an exception out,
-except ``asyncio.CancelledError`` (after recording INTERRUPTED).
+except ``asyncio.CancelledError`` (after recording INTERRUPTED) and
+:class:`~fsm_agent.errors.LeaseLost` (another worker owns the session now).
 """
 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import time
 from collections.abc import Callable
@@ -36,14 +45,17 @@ from typing import Any
 from attrs import evolve
 
 from ..chain import MiddlewareChain
-from ..errors import ContextLengthExceededError, MiddlewareError, ProviderError, StopRun
+from ..errors import ContextLengthExceededError, LeaseLost, MiddlewareError, ProviderError, StopRun, ToolArgumentsError
 from ..hooks import HookBus
 from ..middleware import AskApproval, Complete, Continue, Deny, Edit, Respond
 from ..providers.base import call_deadline
-from ..tools.execution import execute_tool_call
+from ..store.base import ControlKind, LedgerStatus
+from ..tools.execution import execute_tool_call, idempotency_key
+from ..tools.registry import ToolContext, ToolEffect
+from ..types.codec import structure, unstructure
 from ..types.content import ToolUseBlock
 from ..types.events import ModelStreamEvent, ToolFinished, ToolStarted, TransitionEvent
-from ..types.messages import AssistantMessage, ModelStopReason, ToolResultMessage, Usage
+from ..types.messages import AssistantMessage, Message, ModelStopReason, ToolResultMessage, Usage, UserMessage
 from ..types.requests import MessageRequest, MessageResponse
 from ..types.run import PendingAction, RunResult, RunStop, StopReason
 from ..types.stream import MessageComplete
@@ -51,7 +63,7 @@ from ..types.tokens import count_message_tokens, count_tokens
 from .context import RunContext
 from .phases import Phase, Trigger
 
-__all__ = ["Driver", "STOP_TRIGGERS"]
+__all__ = ["STOP_TRIGGERS", "Driver"]
 
 log = logging.getLogger("fsm_agent.driver")
 
@@ -66,6 +78,13 @@ STOP_TRIGGERS: dict[StopReason, Trigger] = {
 }
 """The trigger that moves a phase to each terminal state."""
 
+_SAFE_POINTS = (Phase.PRE_TURN, Phase.MID_TURN)
+_MIDPHASE_CONTROLS = (ControlKind.INTERRUPT, ControlKind.CANCEL)
+
+
+class _ControlHit(Exception):
+    """Raised inside the driver when the watcher cancelled a phase for a control event."""
+
 
 class Driver:
     """Runs one session from its current state to a terminal state.
@@ -75,7 +94,9 @@ class Driver:
         chain: the middleware chain (frozen by the agent before the run).
         bus: the observer bus.
         cost_of: ``(model, usage) -> USD or None`` (the pricing table).
-        persist: called after every transition with the context (the store hook).
+        journal: writes events, checkpoints and ledger entries to the session's store.
+        control_poll: seconds between checks for Interrupt/Cancel while a model call or tools run.
+        lease_ttl: seconds a lease lasts; renewed at a third of it while the run goes on.
     """
 
     def __init__(
@@ -85,35 +106,53 @@ class Driver:
         bus: HookBus,
         *,
         cost_of: Callable[[str, Usage], float | None] | None = None,
-        persist: Callable[[RunContext, TransitionEvent], Any] | None = None,
+        journal: Any = None,
+        control_poll: float = 0.5,
+        lease_ttl: float = 30.0,
     ) -> None:
         self.ctx = ctx
         self.chain = chain
         self.bus = bus
         self.cost_of = cost_of
-        self.persist = persist
+        self.journal = journal
+        self.control_poll = control_poll
+        self.lease_ttl = lease_ttl
         self.stop: RunStop | None = None
-        self._stop_payload: dict[str, Any] = {}
-        self.interrupt_requested: str | None = None
-        self.cancel_requested: str | None = None
+        self._phase_task: asyncio.Task[Any] | None = None
+        self._control_hit = False
         ctx.call_provider = self._provider_call
 
-    async def _flush(self) -> None:
+    # -- transitions and persistence ---------------------------------------------------
+    async def _flush_outbox(self) -> None:
         """Deliver observer events middleware queued with ``ctx.emit``."""
         while self.ctx.outbox:
             await self.bus.emit(self.ctx.outbox.pop(0))
 
-    # -- transitions ----------------------------------------------------------------
     async def _fire(self, trigger: Trigger, reason: str) -> None:
         ctx = self.ctx
         before = ctx.machine.state
         after = ctx.machine.fire(trigger)
         event = TransitionEvent(ctx.session_id, ctx.turn, before.value, trigger.value, after.value, reason, time.time())
-        if self.persist is not None:
-            result = self.persist(ctx, event)
-            if asyncio.iscoroutine(result):
-                await result
+        j = self.journal
+        if j is not None:
+            j.record("transition", {"from": before.value, "trigger": trigger.value, "to": after.value,
+                                    "reason": reason}, ctx.turn)
+            if after in _SAFE_POINTS:
+                await j.flush(checkpoint=j.checkpoint(ctx, after.value), state=after.value)
+            elif isinstance(after, StopReason):
+                assert self.stop is not None
+                stop = unstructure(self.stop)
+                j.record("run_stopped", {"stop": stop}, ctx.turn)
+                safe = self.stop.last_safe_point or after.value
+                ck = j.checkpoint(ctx, safe)
+                self.stop = evolve(self.stop, checkpoint_id=ck.checkpoint_id)
+                await j.flush(checkpoint=ck, state=after.value, stop=unstructure(self.stop))
         await self.bus.emit(event)
+
+    def _append(self, message: Message) -> None:
+        self.ctx.transcript.append(message)
+        if self.journal is not None:
+            self.journal.message(message, self.ctx.turn)
 
     async def _end(self, reason: StopReason, detail: str, **payload: Any) -> None:
         """Move to the terminal state ``reason`` from the current phase and record the stop."""
@@ -123,6 +162,7 @@ class Driver:
             detail = (f"{detail} (a {reason.value} stop was requested in {phase.value}, where the machine "
                       f"does not allow it; the run fails closed)")
             reason, trigger = StopReason.FAILED_TERMINAL, Trigger.FAIL_TERMINAL
+            payload = {k: v for k, v in payload.items() if k == "error"}
         safe = payload.pop("last_safe_point", None)
         if safe is None:
             safe = Phase.MID_TURN.value if payload.get("pending_actions") else Phase.PRE_TURN.value
@@ -137,26 +177,32 @@ class Driver:
         await self._fire(trigger, detail)
 
     # -- the loop ------------------------------------------------------------------------
-    async def run(self, first: Trigger = Trigger.START, reason: str = "start") -> RunResult:
+    async def run(self, first: Trigger | None = Trigger.START, reason: str = "start") -> RunResult:
+        """Drive the session to a terminal state. ``first=None`` continues from the current state
+        (crash recovery at a checkpoint)."""
         ctx = self.ctx
         started = time.monotonic()
+        watcher = asyncio.ensure_future(self._watch()) if self.journal is not None else None
         try:
             await self.chain.run_lifecycle("on_run_start", ctx)
-            await self._fire(first, reason)
+            if first is not None:
+                await self._fire(first, reason)
             while not ctx.machine.is_terminal:
                 state = ctx.machine.state
-                await self._flush()
+                await self._flush_outbox()
                 try:
                     if state is Phase.PRE_TURN:
                         await self._pre_turn()
                     elif state is Phase.MODEL:
-                        await self._model()
+                        await self._in_task(self._model())
                     elif state is Phase.MID_TURN:
-                        await self._mid_turn()
+                        await self._in_task(self._mid_turn())
                     elif state is Phase.POST_TURN:
                         await self._post_turn()
                     else:  # pragma: no cover - the table has no other non-terminal states
                         raise RuntimeError(f"driver reached unexpected state {state!r}")
+                except _ControlHit:
+                    await self._mid_phase_control()
                 except StopRun as sig:
                     await self._end(StopReason(sig.reason), sig.detail or f"stopped by middleware: {sig.reason}",
                                     **sig.payload)
@@ -168,6 +214,9 @@ class Driver:
             if not ctx.machine.is_terminal and ctx.machine.can_fire(Trigger.INTERRUPT):
                 await asyncio.shield(self._end(StopReason.INTERRUPTED, "the run's task was cancelled"))
             raise
+        except LeaseLost:
+            log.error("session %s: lease lost to another worker; stopping without writing", ctx.session_id)
+            raise
         except Exception as exc:  # noqa: BLE001 - a run always ends with a StopReason
             log.exception("internal error in the driver")
             if not ctx.machine.is_terminal:
@@ -176,13 +225,51 @@ class Driver:
                                     error={"kind": "internal", "message": str(exc)})
                 else:
                     self.stop = RunStop(StopReason.FAILED_TERMINAL, f"internal error: {type(exc).__name__}: {exc}")
+        finally:
+            if watcher is not None:
+                watcher.cancel()
+                await asyncio.gather(watcher, return_exceptions=True)
         result = self._result(time.monotonic() - started)
         try:
             await self.chain.run_lifecycle("on_run_end", ctx, result)
         except (MiddlewareError, StopRun) as exc:
             log.error("on_run_end failed after the run ended: %s", exc)
-        await self._flush()
+        await self._flush_outbox()
         return result
+
+    async def _in_task(self, coro: Any) -> None:
+        """Run a phase so that the control watcher can cancel it (Interrupt/Cancel mid-phase)."""
+        if self.journal is None:
+            await coro
+            return
+        task = asyncio.ensure_future(coro)
+        self._phase_task = task
+        try:
+            await task
+        except asyncio.CancelledError:
+            if self._control_hit:
+                self._control_hit = False
+                raise _ControlHit() from None
+            raise
+        finally:
+            self._phase_task = None
+
+    async def _watch(self) -> None:
+        """Renew the lease and look for Interrupt/Cancel while a phase runs."""
+        j = self.journal
+        store = j.store
+        ctx = self.ctx
+        last_renew = time.monotonic()
+        while True:
+            await asyncio.sleep(self.control_poll)
+            if j.owner is not None and time.monotonic() - last_renew > self.lease_ttl / 3:
+                if not await store.acquire_lease(ctx.session_id, j.owner, self.lease_ttl):
+                    log.error("session %s: could not renew the lease", ctx.session_id)
+                last_renew = time.monotonic()
+            task = self._phase_task
+            if task is not None and not task.done() and await store.peek_controls(ctx.session_id, _MIDPHASE_CONTROLS):
+                self._control_hit = True
+                task.cancel()
 
     def _result(self, duration: float) -> RunResult:
         ctx = self.ctx
@@ -205,6 +292,86 @@ class Driver:
             duration_s=duration,
         )
 
+    # -- control events ----------------------------------------------------------------------
+    async def _take(self, *kinds: ControlKind) -> list[Any]:
+        if self.journal is None:
+            return []
+        taken = await self.journal.store.take_controls(self.ctx.session_id, kinds)
+        for c in taken:
+            self.journal.record("control", {"kind": c.kind.value, "text": c.text, "control_id": c.control_id},
+                                self.ctx.turn)
+        return taken
+
+    async def _mid_phase_control(self) -> None:
+        """An Interrupt or Cancel arrived while the model or tools ran (the phase was cancelled)."""
+        ctx = self.ctx
+        controls = await self._take(*_MIDPHASE_CONTROLS)
+        cancel = next((c for c in controls if c.kind is ControlKind.CANCEL), None)
+        interrupt = next((c for c in controls if c.kind is ControlKind.INTERRUPT), None)
+        pending = self._close_open_calls(keep_unstarted=cancel is None)
+        if cancel is not None:
+            await self._cancel(cancel.text or "cancelled by the user")
+            return
+        text = interrupt.text if interrupt is not None else "interrupted"
+        if pending:
+            await self._end(StopReason.INTERRUPTED, f"{text} (before the tool calls started)",
+                            pending_actions=tuple(PendingAction(c, "interrupted") for c in pending),
+                            last_safe_point=Phase.MID_TURN.value)
+        else:
+            await self._end(StopReason.INTERRUPTED, f"{text} (during {ctx.machine.state.value})")
+
+    def _close_open_calls(self, *, keep_unstarted: bool) -> list[ToolUseBlock]:
+        """After an interrupted MidTurn: calls with no result get a synthetic one, except (when
+        ``keep_unstarted`` and nothing started) calls that can simply run on resume."""
+        ctx = self.ctx
+        if ctx.machine.state is not Phase.MID_TURN:
+            return []
+        calls = list(ctx.pending_calls)
+        answered = {m.tool_call_id for m in ctx.transcript if isinstance(m, ToolResultMessage)}
+        open_calls = [c for c in calls if c.id not in answered]
+        started = getattr(self, "_started_ids", set())
+        if keep_unstarted and not any(c.id in started for c in open_calls):
+            return open_calls
+        done = getattr(self, "_done_results", {})
+        for c in calls:
+            if c.id in answered:
+                continue
+            res = done.get(c.id) or ToolResultMessage(
+                c.id, "The tool call was interrupted before it finished; its outcome is unknown.",
+                is_error=True, name=c.name, metadata={"synthetic": "interrupted"})
+            self._append(res)
+        ctx.pending_calls = []
+        return []
+
+    async def _cancel(self, reason: str) -> None:
+        """Cancel: compensate completed side effects, or ask a person to confirm them first."""
+        ctx = self.ctx
+        unconfirmed = []
+        if self.journal is not None:
+            ledger = await self.journal.store.ledger(ctx.session_id)
+            for entry in ledger.values():
+                if entry.effect != ToolEffect.SIDE_EFFECT.value or entry.status is not LedgerStatus.COMPLETED:
+                    continue
+                tool = ctx.tools.get(entry.tool)
+                if tool is not None and tool.compensate is not None:
+                    tctx = ToolContext(entry.call_id, entry.idempotency_key, ctx.session_id, entry.turn, entry.tool)
+                    out = tool.compensate(entry.arguments, entry.result, tctx)
+                    if inspect.isawaitable(out):
+                        await out
+                    self.journal.record("compensated", {"call_id": entry.call_id, "tool": entry.tool}, ctx.turn)
+                    await self.journal.ledger(evolve(entry, status=LedgerStatus.REJECTED, updated_at=time.time()))
+                elif not ctx.cancel_confirmed:
+                    unconfirmed.append(entry)
+        if unconfirmed and ctx.machine.can_fire(Trigger.WAIT_HUMAN):
+            names = ", ".join(f"{e.tool}({e.call_id})" for e in unconfirmed)
+            await self.journal.store.push_control(_control(ctx.session_id, ControlKind.CANCEL, reason))
+            await self._end(StopReason.WAITING_HUMAN,
+                            f"cancel requested, but these side effects already happened and have no compensation: "
+                            f"{names}; confirm to finish cancelling",
+                            required_decision="confirm_cancel")
+            return
+        await self._end(StopReason.CANCELLED, reason)
+
     # -- PreTurn -------------------------------------------------------------------------
     def budget_exceeded(self) -> tuple[str, str] | None:
         """(budget, detail) of the first exhausted budget in seed 000's order, or ``None``."""
@@ -223,12 +390,20 @@ class Driver:
 
     async def _pre_turn(self) -> None:
         ctx = self.ctx
-        if self.cancel_requested is not None:
-            await self._end(StopReason.CANCELLED, self.cancel_requested)
-            return
-        if self.interrupt_requested is not None:
-            await self._end(StopReason.INTERRUPTED, self.interrupt_requested)
-            return
+        controls = await self._take(ControlKind.CANCEL, ControlKind.INTERRUPT, ControlKind.STEER)
+        for c in controls:
+            if c.kind is ControlKind.CANCEL:
+                await self._cancel(c.text or "cancelled by the user")
+                return
+        for c in controls:
+            if c.kind is ControlKind.INTERRUPT:
+                await self._end(StopReason.INTERRUPTED, c.text or "interrupted by the user")
+                return
+        for c in controls:  # steer: new direction, verified facts kept, re-plan
+            self._append(UserMessage(
+                f"New direction from the user: {c.text}\nKeep what has already been verified, "
+                "drop what no longer applies, and re-plan the remaining steps."))
+            ctx.goal_version += 1
         hit = self.budget_exceeded()
         if hit is not None:
             await self._end(StopReason.PAUSED_BUDGET, hit[1], budget=hit[0])
@@ -276,7 +451,7 @@ class Driver:
         finally:
             await stream.aclose()  # type: ignore[attr-defined]
         if final is None:  # pragma: no cover - providers always end with MessageComplete or raise
-            raise ProviderError("the stream ended without a complete message", provider=provider.name)
+            raise ProviderError("the stream ended without a complete message", provider=getattr(provider, "name", None))
         return final
 
     async def _model(self) -> None:
@@ -302,9 +477,8 @@ class Driver:
             return
         except ProviderError as exc:
             reason = StopReason.FAILED_RETRYABLE if exc.retryable else StopReason.FAILED_TERMINAL
-            partial = exc.partial
-            if partial is not None and partial.message.content:
-                ctx.extra_stop["partial_response"] = partial
+            if exc.partial is not None and exc.partial.message.content:
+                ctx.extra_stop["partial_response"] = exc.partial
             await self._end(reason, f"model call failed: {exc}", error=exc.to_info())
             return
         finally:
@@ -313,9 +487,15 @@ class Driver:
         ctx.context_retry = False
         self._account(request, response)
         ctx.last_response = response
-        ctx.transcript.append(response.message)
+        self._append(response.message)
+        if self.journal is not None:
+            self.journal.record("model_call", {
+                "model": response.model, "provider": response.provider, "stop_reason": response.stop_reason.value,
+                "raw_stop_reason": response.raw_stop_reason,
+                "usage": unstructure(response.usage) if response.usage else None}, ctx.turn)
         stop = response.stop_reason
         if response.tool_calls:
+            ctx.pending_calls = list(response.tool_calls)
             await self._fire(Trigger.TOOL_USE, f"model stop reason {stop.value}: {len(response.tool_calls)} tool call(s)")
         elif stop is ModelStopReason.CONTENT_FILTERED:
             await self._end(StopReason.FAILED_TERMINAL, "the provider's content filter blocked the answer",
@@ -339,16 +519,101 @@ class Driver:
             ctx.cost_usd = None if cost is None else ctx.cost_usd + cost
 
     # -- MidTurn -------------------------------------------------------------------------
+    async def _ledger(self, call: ToolUseBlock, status: LedgerStatus, result: ToolResultMessage | None = None) -> None:
+        j = self.journal
+        if j is None:
+            return
+        from ..session import ledger_entry
+
+        tool = self.ctx.tools.get(call.name)
+        effect = tool.effect.value if tool is not None else ToolEffect.PURE.value
+        entry = ledger_entry(self.ctx, call, status, effect=effect, result=result)
+        self.ctx.ledger[call.id] = entry
+        j.record("tool_call", {"call_id": call.id, "tool": call.name, "status": status.value}, self.ctx.turn)
+        await j.ledger(entry)
+
+    async def _reconcile(self, call: ToolUseBlock) -> ToolResultMessage | None:
+        """A side-effect call found started but unfinished after a crash: ask its tool what happened."""
+        tool = self.ctx.tools.get(call.name)
+        if tool is None or tool.reconcile is None:
+            return None
+        tctx = ToolContext(call.id, idempotency_key(self.ctx.session_id, call.id), self.ctx.session_id,
+                           self.ctx.turn, call.name)
+        outcome = tool.reconcile(dict(call.input), tctx)
+        if inspect.isawaitable(outcome):
+            outcome = await outcome
+        if outcome is None:
+            return None
+        from ..tools.execution import result_blocks
+
+        return ToolResultMessage(call.id, result_blocks(outcome), name=call.name, metadata={"reconciled": True})
+
+    def _decided(self, call: ToolUseBlock, decision: Any) -> tuple[ToolUseBlock | None, ToolResultMessage | None]:
+        """Apply a person's decision: (call to run, or None) and (result, or None)."""
+        kind = decision.kind
+        if kind == "approve":
+            return call, None
+        if kind == "edit":
+            edited = evolve(call, input=dict(decision.arguments or {}), raw_input=None)
+            tool = self.ctx.tools.get(call.name)
+            if tool is not None:
+                try:
+                    tool.validate(edited.input)
+                except ToolArgumentsError as exc:
+                    return None, ToolResultMessage(call.id, f"The edited arguments were invalid: {exc}", is_error=True,
+                                                   name=call.name, metadata={"decision": "edit"})
+            return edited, None
+        if kind == "reject":
+            return None, ToolResultMessage(call.id, f"A person rejected this tool call: {decision.message}",
+                                           is_error=True, name=call.name, metadata={"decision": "reject"})
+        return None, ToolResultMessage(call.id, decision.message, is_error=decision.is_error, name=call.name,
+                                       metadata={"decision": "respond"})
+
     async def _mid_turn(self) -> None:
         ctx = self.ctx
-        calls = list(ctx.pending_calls) or (list(ctx.last_response.tool_calls) if ctx.last_response else [])
-        ctx.pending_calls = []
-        results: dict[str, ToolResultMessage] = {}
+        calls = list(ctx.pending_calls)
+        if not calls and ctx.last_response is not None:
+            calls = list(ctx.last_response.tool_calls)
+            ctx.pending_calls = list(calls)
+        results: dict[str, ToolResultMessage] = dict(ctx.extra_stop.pop("decided_results", {}))
+        self._started_ids: set[str] = set()
+        self._done_results: dict[str, ToolResultMessage] = {}
         to_run: list[ToolUseBlock] = []
         pending: list[PendingAction] = []
+        ledger = ctx.ledger
         for call in calls:
-            decided = call
-            final = None
+            if call.id in results:
+                continue
+            entry = ledger.get(call.id)
+            if entry is not None and (entry.status.final or entry.status is LedgerStatus.INTERRUPTED) and entry.result:
+                results[call.id] = structure(entry.result, ToolResultMessage)  # never run twice
+                continue
+            decision = ctx.decisions.pop(call.id, None)
+            if entry is not None and entry.status is LedgerStatus.STARTED and decision is None:
+                tool = ctx.tools.get(call.name)
+                if tool is not None and tool.effect is ToolEffect.SIDE_EFFECT:
+                    outcome = await self._reconcile(call)
+                    if outcome is None:
+                        pending.append(PendingAction(
+                            call, "unknown_outcome", ("approve", "reject", "respond")))
+                        continue
+                    await self._ledger(call, LedgerStatus.COMPLETED, outcome)
+                    results[call.id] = outcome
+                    continue
+                to_run.append(call)  # pure / idempotent: running again is safe (same idempotency key)
+                continue
+            if decision is not None:
+                run_call, res = self._decided(call, decision)
+                if res is not None:
+                    await self._ledger(call, LedgerStatus.REJECTED, res)
+                    results[call.id] = res
+                elif run_call is not None:
+                    await self._ledger(run_call, LedgerStatus.APPROVED)
+                    to_run.append(run_call)
+                continue
+            decided: ToolUseBlock = call
+            final: ToolResultMessage | None = None
+            ask: AskApproval | None = None
             for name, d in await self.chain.tool_decisions(call, ctx):
                 if isinstance(d, Edit):
                     decided = evolve(decided, input=dict(d.arguments), raw_input=None)
@@ -359,26 +624,34 @@ class Driver:
                     final = ToolResultMessage(call.id, d.result, is_error=d.is_error, name=call.name,
                                               metadata={"responded_by": name})
                 elif isinstance(d, AskApproval):
-                    pending.append(PendingAction(decided, d.reason, d.allowed_decisions))
-                    final = None
-                    break
-            else:
-                if final is None:
-                    to_run.append(decided)
-                else:
-                    results[call.id] = final
-                continue
-            if final is not None:
+                    ask = d
+            if ask is not None:
+                pending.append(PendingAction(decided, ask.reason, ask.allowed_decisions))
+            elif final is not None:
+                await self._ledger(call, LedgerStatus.REJECTED, final)
                 results[call.id] = final
+            else:
+                await self._ledger(decided, LedgerStatus.APPROVED)
+                to_run.append(decided)
+        if pending and ctx.config.approval_timeout and self.journal is not None:
+            pending, more = await self._hang_wait(pending)
+            for call, run_call, res in more:
+                if res is not None:
+                    await self._ledger(call, LedgerStatus.REJECTED, res)
+                    results[call.id] = res
+                elif run_call is not None:
+                    await self._ledger(run_call, LedgerStatus.APPROVED)
+                    to_run.append(run_call)
         if pending:
-            ctx.pending_calls = calls
             ctx.extra_stop["decided_results"] = results
-            await self._end(
-                StopReason.WAITING_HUMAN,
-                f"{len(pending)} tool call(s) need approval: " + ", ".join(p.call.name for p in pending),
-                pending_actions=tuple(pending),
-                required_decision="approve, edit, reject or respond to each pending tool call",
-            )
+            unknown = [p for p in pending if p.reason == "unknown_outcome"]
+            what = ("the outcome of side-effect call(s) is unknown after a crash: "
+                    + ", ".join(f"{p.call.name}({p.call.id})" for p in unknown) + "; "
+                    "respond with its result, approve to run it again, or reject") if unknown else (
+                f"{len(pending)} tool call(s) need approval: " + ", ".join(p.call.name for p in pending))
+            await self._end(StopReason.WAITING_HUMAN, what, pending_actions=tuple(pending),
+                            required_decision="approve, edit, reject or respond to each pending tool call",
+                            last_safe_point=Phase.MID_TURN.value)
             return
         if to_run:
             for r in await asyncio.gather(*(self._run_tool(c) for c in to_run)):
@@ -387,13 +660,34 @@ class Driver:
             res = results.get(call.id)
             if res is None:  # pragma: no cover - every call got a result above
                 res = ToolResultMessage(call.id, "no result", is_error=True, name=call.name)
-            ctx.transcript.append(res)
+            self._append(res)
+        ctx.pending_calls = []
         await self._fire(Trigger.TOOLS_DONE, f"{len(calls)} tool result(s) recorded")
+
+    async def _hang_wait(self, pending: list[PendingAction]) -> tuple[list[PendingAction], list[Any]]:
+        """Hang-Wait: wait in process (up to ``approval_timeout`` seconds) for decisions on the pending calls."""
+        ctx = self.ctx
+        deadline = time.monotonic() + (ctx.config.approval_timeout or 0)
+        waiting = {p.call.id: p for p in pending}
+        decided: list[Any] = []
+        while waiting and time.monotonic() < deadline:
+            for c in await self._take(ControlKind.DECISION):
+                data = _decision_of(c.text)
+                if data is None or data[0] not in waiting:
+                    continue
+                p = waiting.pop(data[0])
+                run_call, res = self._decided(p.call, data[1])
+                decided.append((p.call, run_call, res))
+            if waiting:
+                await asyncio.sleep(min(self.control_poll, max(0.0, deadline - time.monotonic())))
+        return list(waiting.values()), decided
 
     async def _run_tool(self, call: ToolUseBlock) -> ToolResultMessage:
         ctx = self.ctx
         ctx.tool_calls_made += 1
         ctx.tool_call_counts[call.name] = ctx.tool_call_counts.get(call.name, 0) + 1
+        await self._ledger(call, LedgerStatus.STARTED)
+        self._started_ids.add(call.id)
         if self.bus.wants(ToolStarted):
             await self.bus.emit(ToolStarted(ctx.session_id, ctx.turn, call))
         started = time.monotonic()
@@ -403,6 +697,8 @@ class Driver:
                                            timeout=ctx.config.tool_timeout)
 
         result = await self.chain.wrap("wrap_tool_call", inner, ctx)(call)
+        await self._ledger(call, LedgerStatus.FAILED if result.is_error else LedgerStatus.COMPLETED, result)
+        self._done_results[call.id] = result
         if self.bus.wants(ToolFinished):
             await self.bus.emit(ToolFinished(ctx.session_id, ctx.turn, call, result, time.monotonic() - started))
         return result
@@ -414,12 +710,14 @@ class Driver:
         if decision is not None:
             name, d = decision
             if isinstance(d, Complete):
+                if await self._followup():
+                    return
                 ctx.evidence.extend(d.evidence)
                 await self._end(StopReason.COMPLETED, f"{d.detail} (decided by {name})", evidence_refs=d.evidence)
                 return
             if isinstance(d, Continue):
                 if d.message is not None:
-                    ctx.transcript.append(d.message)
+                    self._append(d.message)
                 await self._fire(Trigger.NEXT_TURN, f"{d.reason} (decided by {name})")
                 return
         resp = ctx.last_response
@@ -427,9 +725,38 @@ class Driver:
             await self._fire(Trigger.NEXT_TURN, "tool results are in; continue" if resp and resp.tool_calls
                              else "model paused its turn; continue")
             return
+        if await self._followup():
+            return
         if resp.stop_reason is ModelStopReason.MAX_TOKENS:
             await self._end(StopReason.COMPLETED, "the answer was cut at the output token limit (max_tokens); "
                             "it is partial — raise max_output_tokens for a full answer")
             return
         await self._end(StopReason.COMPLETED, f"the model ended its turn ({resp.stop_reason.value}) with no tool calls")
 
+    async def _followup(self) -> bool:
+        """Queued followups run after the current task would complete: append and continue."""
+        followups = await self._take(ControlKind.FOLLOWUP)
+        if not followups:
+            return False
+        for f in followups:
+            self._append(UserMessage(f.text))
+        await self._fire(Trigger.NEXT_TURN, f"{len(followups)} followup request(s) queued by the user")
+        return True
+
+
+def _control(session_id: str, kind: ControlKind, text: str) -> Any:
+    from ..store.base import ControlRecord
+
+    return ControlRecord(session_id, kind, text)
+
+
+def _decision_of(text: str) -> tuple[str, Any] | None:
+    import orjson
+
+    from ..control import Decision
+
+    try:
+        data = orjson.loads(text)
+        return data["call_id"], structure(data["decision"], Decision)
+    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+        return None

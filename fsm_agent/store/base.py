@@ -1,0 +1,255 @@
+"""Persistence: the session's append-only event log, checkpoints, the tool-call ledger, control
+events and leases, behind one :class:`Store` interface (DESIGN.md §6, seed 004 §2, §4, §7).
+
+Records and their compatibility rules (``SCHEMA_VERSION``; see ``docs/schema.md``):
+
+* :class:`EventRecord` — one state change: ``event_id``, ``session_id``, ``turn_id``, ``seq``
+  (monotonic per session, from 1), ``type``, ``ts``, ``payload``, ``schema_version``. The log
+  is append-only; the transcript, the trajectory and the SSE stream are all read from it.
+* :class:`Checkpoint` — a snapshot at a safe point that *references* a seq: the scalar state
+  of the session (turn, usage, pending calls, budgets ...) but not the transcript, which is
+  rebuilt from the ``message`` events up to that seq. Storage therefore grows linearly with
+  the run, not with a full copy per step.
+* :class:`LedgerEntry` — one tool call's life: ``proposed → approved → started → completed |
+  failed`` (or ``interrupted`` / ``rejected``), each state written *before* the step it names.
+* :class:`ControlRecord` — a control event (interrupt, cancel, steer, followup) queued by any
+  thread or process, consumed by the driving worker at a safe point.
+* :class:`SessionRecord` — the session's row: state, stop payload, lease, metadata.
+
+Every write a driver makes at one point goes through :meth:`Store.write` as one transaction.
+"""
+
+from __future__ import annotations
+
+import abc
+import enum
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from attrs import field, frozen
+
+from ..errors import LeaseLost
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "Checkpoint",
+    "ControlKind",
+    "ControlRecord",
+    "EventRecord",
+    "LeaseLost",
+    "LedgerEntry",
+    "LedgerStatus",
+    "SessionRecord",
+    "Store",
+    "WriteBatch",
+    "new_id",
+]
+
+SCHEMA_VERSION = 1
+"""Version of events, checkpoints and ledger entries written by this release."""
+
+
+def new_id() -> str:
+    return uuid.uuid4().hex
+
+
+class LedgerStatus(str, enum.Enum):
+    """States of a tool call in the ledger."""
+
+    PROPOSED = "proposed"
+    APPROVED = "approved"
+    STARTED = "started"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    REJECTED = "rejected"
+    """A person or a policy decided it must not run (its result is the rejection)."""
+    INTERRUPTED = "interrupted"
+    """The run was interrupted before it finished; the transcript has a synthetic result."""
+
+    @property
+    def final(self) -> bool:
+        return self in (LedgerStatus.COMPLETED, LedgerStatus.FAILED, LedgerStatus.REJECTED)
+
+
+class ControlKind(str, enum.Enum):
+    """LoopControl kinds (seed 004 §2)."""
+
+    STEER = "steer"
+    FOLLOWUP = "followup"
+    INTERRUPT = "interrupt"
+    CANCEL = "cancel"
+    DECISION = "decision"
+    """A person's decision on a pending tool call, for a run waiting in process (Hang-Wait)."""
+
+
+@frozen
+class EventRecord:
+    """One record of a session's append-only log."""
+
+    session_id: str
+    seq: int
+    """Position in the session's log, from 1, without gaps."""
+    type: str
+    payload: dict[str, Any]
+    turn_id: str | None = None
+    """``"<session_id>:<turn>"`` for events inside a turn, else ``None``."""
+    ts: float = field(factory=time.time)
+    """Unix time (seconds)."""
+    event_id: str = field(factory=new_id)
+    schema_version: int = SCHEMA_VERSION
+
+
+@frozen
+class Checkpoint:
+    """A snapshot at a safe point; ``seq`` is the last event it includes."""
+
+    checkpoint_id: str
+    session_id: str
+    seq: int
+    safe_point: str
+    """``PreTurn`` or ``MidTurn`` (where a resume continues), or a terminal state name."""
+    data: dict[str, Any]
+    """Scalar session state (turn, usage, cost, tool counts, pending calls, budgets, elapsed ...)."""
+    ts: float = field(factory=time.time)
+    schema_version: int = SCHEMA_VERSION
+
+
+@frozen
+class LedgerEntry:
+    """One tool call's state in the ledger (keyed by ``session_id`` + ``call_id``)."""
+
+    session_id: str
+    call_id: str
+    tool: str
+    arguments: dict[str, Any]
+    idempotency_key: str
+    effect: str
+    """``pure``, ``idempotent`` or ``side_effect`` (the tool's declaration)."""
+    status: LedgerStatus
+    turn: int
+    result: dict[str, Any] | None = None
+    """The unstructured ToolResultMessage once final, else ``None``."""
+    updated_at: float = field(factory=time.time)
+    schema_version: int = SCHEMA_VERSION
+
+
+@frozen
+class ControlRecord:
+    """A control event for a session."""
+
+    session_id: str
+    kind: ControlKind
+    text: str = ""
+    control_id: str = field(factory=new_id)
+    ts: float = field(factory=time.time)
+
+
+@frozen
+class SessionRecord:
+    """A session's row."""
+
+    session_id: str
+    state: str
+    """Machine state name (``PreTurn`` ... or a StopReason)."""
+    goal: str = ""
+    goal_version: int = 1
+    stop: dict[str, Any] | None = None
+    """The unstructured RunStop once a run ended, else ``None``."""
+    metadata: dict[str, Any] = field(factory=dict)
+    """Free data (the CLI keeps the agent's settings here so ``fsm-agent resume`` can rebuild it)."""
+    last_seq: int = 0
+    created_at: float = field(factory=time.time)
+    updated_at: float = field(factory=time.time)
+    lease_owner: str | None = None
+    lease_until: float | None = None
+    """Unix time the lease expires."""
+
+
+@frozen
+class WriteBatch:
+    """Everything one safe point writes, committed as one transaction.
+
+    ``expected_owner``: when set, the batch commits only while that worker holds the
+    session's lease (fencing: a worker whose lease was taken over cannot write).
+    """
+
+    session_id: str
+    events: tuple[EventRecord, ...] = ()
+    checkpoint: Checkpoint | None = None
+    ledger: tuple[LedgerEntry, ...] = ()
+    state: str | None = None
+    stop: dict[str, Any] | None = None
+    expected_owner: str | None = None
+
+
+class Store(abc.ABC):
+    """Where sessions live. All methods are coroutines; implementations must be safe for many
+    sessions at once, and (SQLite, PostgreSQL) for several processes on one database."""
+
+    @abc.abstractmethod
+    async def create_session(self, record: SessionRecord) -> None:
+        """Insert a new session. Raises ``KeyError`` if the id exists."""
+
+    @abc.abstractmethod
+    async def get_session(self, session_id: str) -> SessionRecord | None: ...
+
+    @abc.abstractmethod
+    async def list_sessions(self, limit: int = 50) -> list[SessionRecord]:
+        """Most recently updated first."""
+
+    @abc.abstractmethod
+    async def update_metadata(self, session_id: str, metadata: dict[str, Any], goal_version: int | None = None) -> None: ...
+
+    @abc.abstractmethod
+    async def write(self, batch: WriteBatch) -> None:
+        """Commit events, checkpoint, ledger entries and the session state in one transaction.
+
+        Raises:
+            LeaseLost: ``batch.expected_owner`` no longer holds the lease.
+            KeyError: unknown session.
+        """
+
+    @abc.abstractmethod
+    async def read_events(self, session_id: str, after_seq: int = 0, until_seq: int | None = None) -> list[EventRecord]:
+        """Events with ``after_seq < seq <= until_seq`` in seq order."""
+
+    @abc.abstractmethod
+    async def latest_checkpoint(self, session_id: str) -> Checkpoint | None: ...
+
+    @abc.abstractmethod
+    async def get_checkpoint(self, checkpoint_id: str) -> Checkpoint | None: ...
+
+    @abc.abstractmethod
+    async def ledger(self, session_id: str) -> dict[str, LedgerEntry]:
+        """Ledger entries by call id."""
+
+    @abc.abstractmethod
+    async def acquire_lease(self, session_id: str, owner: str, ttl: float) -> bool:
+        """Take or renew the session's lease for ``ttl`` seconds; ``False`` when another worker holds
+        an unexpired lease. Atomic: of two racing workers exactly one gets it."""
+
+    @abc.abstractmethod
+    async def release_lease(self, session_id: str, owner: str) -> None: ...
+
+    @abc.abstractmethod
+    async def push_control(self, record: ControlRecord) -> None:
+        """Queue a control event (from any thread or process)."""
+
+    @abc.abstractmethod
+    async def take_controls(self, session_id: str, kinds: Sequence[ControlKind]) -> list[ControlRecord]:
+        """Remove and return the queued controls of ``kinds``, oldest first (each is taken once)."""
+
+    @abc.abstractmethod
+    async def peek_controls(self, session_id: str, kinds: Sequence[ControlKind]) -> bool:
+        """Whether a control of ``kinds`` is queued (cheap; for mid-phase polling)."""
+
+    async def close(self) -> None:
+        """Release connections (idempotent)."""
+
+    async def __aenter__(self) -> Store:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()

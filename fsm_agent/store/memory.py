@@ -1,0 +1,107 @@
+"""In-process store: the default of the Python API. Resume works within the process; nothing
+survives it (use :class:`~fsm_agent.store.sqlite.SQLiteStore` for that)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from attrs import evolve
+
+from ..errors import LeaseLost
+from .base import Checkpoint, ControlKind, ControlRecord, EventRecord, LedgerEntry, SessionRecord, Store, WriteBatch
+
+__all__ = ["MemoryStore"]
+
+
+class MemoryStore(Store):
+    """Dictionaries behind the :class:`Store` interface (not shared between processes)."""
+
+    def __init__(self) -> None:
+        self._sessions: dict[str, SessionRecord] = {}
+        self._events: dict[str, list[EventRecord]] = {}
+        self._checkpoints: dict[str, Checkpoint] = {}
+        self._latest: dict[str, str] = {}
+        self._ledger: dict[str, dict[str, LedgerEntry]] = {}
+        self._controls: dict[str, list[ControlRecord]] = {}
+
+    async def create_session(self, record: SessionRecord) -> None:
+        if record.session_id in self._sessions:
+            raise KeyError(f"session {record.session_id} already exists")
+        self._sessions[record.session_id] = record
+        self._events[record.session_id] = []
+
+    async def get_session(self, session_id: str) -> SessionRecord | None:
+        return self._sessions.get(session_id)
+
+    async def list_sessions(self, limit: int = 50) -> list[SessionRecord]:
+        return sorted(self._sessions.values(), key=lambda s: s.updated_at, reverse=True)[:limit]
+
+    async def update_metadata(self, session_id: str, metadata: dict[str, Any], goal_version: int | None = None) -> None:
+        s = self._sessions[session_id]
+        self._sessions[session_id] = evolve(s, metadata={**s.metadata, **metadata},
+                                            goal_version=goal_version or s.goal_version, updated_at=time.time())
+
+    async def write(self, batch: WriteBatch) -> None:
+        s = self._sessions.get(batch.session_id)
+        if s is None:
+            raise KeyError(f"unknown session {batch.session_id}")
+        if batch.expected_owner is not None and s.lease_owner != batch.expected_owner:
+            raise LeaseLost(f"session {batch.session_id} is leased by {s.lease_owner}, not {batch.expected_owner}")
+        log = self._events[batch.session_id]
+        for e in batch.events:
+            if e.seq != (log[-1].seq if log else 0) + 1:
+                raise ValueError(f"event seq {e.seq} does not follow {log[-1].seq if log else 0}")
+            log.append(e)
+        if batch.checkpoint is not None:
+            self._checkpoints[batch.checkpoint.checkpoint_id] = batch.checkpoint
+            self._latest[batch.session_id] = batch.checkpoint.checkpoint_id
+        for entry in batch.ledger:
+            self._ledger.setdefault(batch.session_id, {})[entry.call_id] = entry
+        changes: dict[str, Any] = {"updated_at": time.time(), "last_seq": log[-1].seq if log else 0}
+        if batch.state is not None:
+            changes["state"] = batch.state
+        if batch.stop is not None:
+            changes["stop"] = batch.stop
+        self._sessions[batch.session_id] = evolve(s, **changes)
+
+    async def read_events(self, session_id: str, after_seq: int = 0, until_seq: int | None = None) -> list[EventRecord]:
+        return [e for e in self._events.get(session_id, ()) if e.seq > after_seq and (until_seq is None or e.seq <= until_seq)]
+
+    async def latest_checkpoint(self, session_id: str) -> Checkpoint | None:
+        cid = self._latest.get(session_id)
+        return self._checkpoints.get(cid) if cid else None
+
+    async def get_checkpoint(self, checkpoint_id: str) -> Checkpoint | None:
+        return self._checkpoints.get(checkpoint_id)
+
+    async def ledger(self, session_id: str) -> dict[str, LedgerEntry]:
+        return dict(self._ledger.get(session_id, {}))
+
+    async def acquire_lease(self, session_id: str, owner: str, ttl: float) -> bool:
+        s = self._sessions[session_id]
+        now = time.time()
+        if s.lease_owner not in (None, owner) and (s.lease_until or 0) > now:
+            return False
+        self._sessions[session_id] = evolve(s, lease_owner=owner, lease_until=now + ttl)
+        return True
+
+    async def release_lease(self, session_id: str, owner: str) -> None:
+        s = self._sessions.get(session_id)
+        if s is not None and s.lease_owner == owner:
+            self._sessions[session_id] = evolve(s, lease_owner=None, lease_until=None)
+
+    async def push_control(self, record: ControlRecord) -> None:
+        if record.session_id not in self._sessions:
+            raise KeyError(f"unknown session {record.session_id}")
+        self._controls.setdefault(record.session_id, []).append(record)
+
+    async def take_controls(self, session_id: str, kinds: Sequence[ControlKind]) -> list[ControlRecord]:
+        queued = self._controls.get(session_id, [])
+        taken = [c for c in queued if c.kind in kinds]
+        self._controls[session_id] = [c for c in queued if c.kind not in kinds]
+        return taken
+
+    async def peek_controls(self, session_id: str, kinds: Sequence[ControlKind]) -> bool:
+        return any(c.kind in kinds for c in self._controls.get(session_id, ()))

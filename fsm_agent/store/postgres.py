@@ -1,0 +1,263 @@
+"""PostgreSQL store (asyncpg) for many workers on many hosts.
+
+Same records and semantics as the SQLite store. Leases use the database's clock (not the
+workers'), so hosts with skewed clocks still agree on who holds a session; ``acquire_lease`` is
+one conditional ``UPDATE``, so of two racing workers exactly one wins. Every driver write is one
+transaction that locks the session row and refuses to commit for a worker that lost its lease.
+Migrations run under an advisory lock, so workers starting together migrate once.
+
+Requires the ``asyncpg`` package (``pip install 'fsm-agent[postgres]'``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import orjson
+
+from ..errors import ConfigurationError, LeaseLost
+from .base import (
+    Checkpoint,
+    ControlKind,
+    ControlRecord,
+    EventRecord,
+    LedgerEntry,
+    LedgerStatus,
+    SessionRecord,
+    Store,
+    WriteBatch,
+)
+
+__all__ = ["MIGRATIONS", "PostgresStore"]
+
+MIGRATIONS: tuple[str, ...] = (
+    """
+    CREATE TABLE sessions (
+        session_id TEXT PRIMARY KEY, state TEXT NOT NULL, goal TEXT NOT NULL, goal_version INTEGER NOT NULL,
+        stop JSONB, metadata JSONB NOT NULL, last_seq BIGINT NOT NULL, created_at DOUBLE PRECISION NOT NULL,
+        updated_at DOUBLE PRECISION NOT NULL, lease_owner TEXT, lease_until DOUBLE PRECISION);
+    CREATE INDEX sessions_updated ON sessions(updated_at);
+    CREATE TABLE events (
+        session_id TEXT NOT NULL, seq BIGINT NOT NULL, event_id TEXT NOT NULL, turn_id TEXT, type TEXT NOT NULL,
+        ts DOUBLE PRECISION NOT NULL, payload JSONB NOT NULL, schema_version INTEGER NOT NULL,
+        PRIMARY KEY (session_id, seq));
+    CREATE TABLE checkpoints (
+        checkpoint_id TEXT PRIMARY KEY, session_id TEXT NOT NULL, seq BIGINT NOT NULL, safe_point TEXT NOT NULL,
+        data JSONB NOT NULL, ts DOUBLE PRECISION NOT NULL, schema_version INTEGER NOT NULL);
+    CREATE INDEX checkpoints_session ON checkpoints(session_id, seq);
+    CREATE TABLE ledger (
+        session_id TEXT NOT NULL, call_id TEXT NOT NULL, tool TEXT NOT NULL, arguments JSONB NOT NULL,
+        idempotency_key TEXT NOT NULL, effect TEXT NOT NULL, status TEXT NOT NULL, turn INTEGER NOT NULL,
+        result JSONB, updated_at DOUBLE PRECISION NOT NULL, schema_version INTEGER NOT NULL,
+        PRIMARY KEY (session_id, call_id));
+    CREATE TABLE controls (
+        control_id TEXT PRIMARY KEY, session_id TEXT NOT NULL, kind TEXT NOT NULL, text TEXT NOT NULL,
+        ts DOUBLE PRECISION NOT NULL);
+    CREATE INDEX controls_session ON controls(session_id, ts);
+    """,
+)
+_LOCK_ID = 0x46534D41  # "FSMA": the advisory lock taken while migrating
+_NOW = "extract(epoch from clock_timestamp())"
+
+
+def _j(value: Any) -> str:
+    return orjson.dumps(value).decode()
+
+
+def _l(value: Any) -> Any:
+    return orjson.loads(value) if isinstance(value, (str, bytes)) else value
+
+
+class PostgresStore(Store):
+    """Sessions in PostgreSQL.
+
+    Args:
+        dsn: a libpq connection string or URL (``postgresql://user@host:port/db``).
+        min_size / max_size: connection pool bounds.
+    """
+
+    def __init__(self, dsn: str, *, min_size: int = 1, max_size: int = 10) -> None:
+        self.dsn = dsn
+        self.min_size, self.max_size = min_size, max_size
+        self._pool: Any = None
+
+    def __repr__(self) -> str:
+        return f"PostgresStore({self.dsn.split('@')[-1]!r})"
+
+    async def pool(self) -> Any:
+        if self._pool is None:
+            try:
+                import asyncpg
+            except ImportError:
+                raise ConfigurationError("PostgresStore needs asyncpg: pip install 'fsm-agent[postgres]'") from None
+            self._pool = await asyncpg.create_pool(self.dsn, min_size=self.min_size, max_size=self.max_size)
+            await self.migrate()
+        return self._pool
+
+    async def migrate(self) -> int:
+        """Apply missing migrations (once, under an advisory lock); returns the version in effect."""
+        async with self._pool.acquire() as con, con.transaction():
+            await con.execute("SELECT pg_advisory_xact_lock($1)", _LOCK_ID)
+            await con.execute("CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, "
+                              "applied_at DOUBLE PRECISION NOT NULL)")
+            have = await con.fetchval("SELECT COALESCE(MAX(version), 0) FROM schema_migrations")
+            for version, script in enumerate(MIGRATIONS, 1):
+                if version > have:
+                    await con.execute(script)
+                    await con.execute(f"INSERT INTO schema_migrations VALUES ($1, {_NOW})", version)
+        return len(MIGRATIONS)
+
+    async def schema_version(self) -> int:
+        pool = await self.pool()
+        return int(await pool.fetchval("SELECT COALESCE(MAX(version), 0) FROM schema_migrations"))
+
+    _COLS = ("session_id, state, goal, goal_version, stop, metadata, last_seq, created_at, updated_at, "
+             "lease_owner, lease_until")
+
+    @staticmethod
+    def _session(r: Any) -> SessionRecord:
+        return SessionRecord(r[0], r[1], r[2], r[3], _l(r[4]) if r[4] is not None else None, _l(r[5]), r[6], r[7],
+                             r[8], r[9], r[10])
+
+    async def create_session(self, record: SessionRecord) -> None:
+        import asyncpg
+
+        pool = await self.pool()
+        try:
+            await pool.execute(
+                f"INSERT INTO sessions ({self._COLS}) VALUES ($1,$2,$3,$4,$5::jsonb,$6::jsonb,$7,$8,$9,$10,$11)",
+                record.session_id, record.state, record.goal, record.goal_version,
+                _j(record.stop) if record.stop is not None else None, _j(record.metadata), record.last_seq,
+                record.created_at, record.updated_at, record.lease_owner, record.lease_until)
+        except asyncpg.UniqueViolationError:
+            raise KeyError(f"session {record.session_id} already exists") from None
+
+    async def get_session(self, session_id: str) -> SessionRecord | None:
+        pool = await self.pool()
+        r = await pool.fetchrow(f"SELECT {self._COLS} FROM sessions WHERE session_id=$1", session_id)
+        return self._session(r) if r else None
+
+    async def list_sessions(self, limit: int = 50) -> list[SessionRecord]:
+        pool = await self.pool()
+        rows = await pool.fetch(f"SELECT {self._COLS} FROM sessions ORDER BY updated_at DESC LIMIT $1", limit)
+        return [self._session(r) for r in rows]
+
+    async def update_metadata(self, session_id: str, metadata: dict[str, Any], goal_version: int | None = None) -> None:
+        pool = await self.pool()
+        status = await pool.execute(
+            f"UPDATE sessions SET metadata = metadata || $2::jsonb, goal_version = COALESCE($3, goal_version), "
+            f"updated_at = {_NOW} WHERE session_id=$1", session_id, _j(metadata), goal_version)
+        if status.endswith(" 0"):
+            raise KeyError(f"unknown session {session_id}")
+
+    async def write(self, batch: WriteBatch) -> None:
+        pool = await self.pool()
+        async with pool.acquire() as con, con.transaction():
+            row = await con.fetchrow("SELECT last_seq, lease_owner FROM sessions WHERE session_id=$1 FOR UPDATE",
+                                     batch.session_id)
+            if row is None:
+                raise KeyError(f"unknown session {batch.session_id}")
+            last_seq, owner = row
+            if batch.expected_owner is not None and owner != batch.expected_owner:
+                raise LeaseLost(f"session {batch.session_id} is leased by {owner}, not {batch.expected_owner}")
+            if batch.events:
+                if batch.events[0].seq != last_seq + 1:
+                    raise ValueError(f"event seq {batch.events[0].seq} does not follow {last_seq}")
+                await con.executemany(
+                    "INSERT INTO events VALUES ($1,$2,$3,$4,$5,$6,$7::jsonb,$8)",
+                    [(e.session_id, e.seq, e.event_id, e.turn_id, e.type, e.ts, _j(e.payload), e.schema_version)
+                     for e in batch.events])
+                last_seq = batch.events[-1].seq
+            ck = batch.checkpoint
+            if ck is not None:
+                await con.execute("INSERT INTO checkpoints VALUES ($1,$2,$3,$4,$5::jsonb,$6,$7)",
+                                  ck.checkpoint_id, ck.session_id, ck.seq, ck.safe_point, _j(ck.data), ck.ts,
+                                  ck.schema_version)
+            if batch.ledger:
+                await con.executemany(
+                    "INSERT INTO ledger VALUES ($1,$2,$3,$4::jsonb,$5,$6,$7,$8,$9::jsonb,$10,$11) "
+                    "ON CONFLICT (session_id, call_id) DO UPDATE SET tool=EXCLUDED.tool, arguments=EXCLUDED.arguments, "
+                    "idempotency_key=EXCLUDED.idempotency_key, effect=EXCLUDED.effect, status=EXCLUDED.status, "
+                    "turn=EXCLUDED.turn, result=EXCLUDED.result, updated_at=EXCLUDED.updated_at, "
+                    "schema_version=EXCLUDED.schema_version",
+                    [(x.session_id, x.call_id, x.tool, _j(x.arguments), x.idempotency_key, x.effect, x.status.value,
+                      x.turn, _j(x.result) if x.result is not None else None, x.updated_at, x.schema_version)
+                     for x in batch.ledger])
+            await con.execute(
+                f"UPDATE sessions SET last_seq=$2, updated_at={_NOW}, state=COALESCE($3, state), "
+                "stop=COALESCE($4::jsonb, stop) WHERE session_id=$1",
+                batch.session_id, last_seq, batch.state, _j(batch.stop) if batch.stop is not None else None)
+
+    async def read_events(self, session_id: str, after_seq: int = 0, until_seq: int | None = None) -> list[EventRecord]:
+        pool = await self.pool()
+        rows = await pool.fetch(
+            "SELECT session_id, seq, type, payload, turn_id, ts, event_id, schema_version FROM events "
+            "WHERE session_id=$1 AND seq>$2 AND seq<=$3 ORDER BY seq",
+            session_id, after_seq, until_seq if until_seq is not None else 2**62)
+        return [EventRecord(r[0], r[1], r[2], _l(r[3]), r[4], r[5], r[6], r[7]) for r in rows]
+
+    @staticmethod
+    def _checkpoint(r: Any) -> Checkpoint:
+        return Checkpoint(r[0], r[1], r[2], r[3], _l(r[4]), r[5], r[6])
+
+    async def latest_checkpoint(self, session_id: str) -> Checkpoint | None:
+        pool = await self.pool()
+        r = await pool.fetchrow("SELECT * FROM checkpoints WHERE session_id=$1 ORDER BY seq DESC, ts DESC LIMIT 1",
+                                session_id)
+        return self._checkpoint(r) if r else None
+
+    async def get_checkpoint(self, checkpoint_id: str) -> Checkpoint | None:
+        pool = await self.pool()
+        r = await pool.fetchrow("SELECT * FROM checkpoints WHERE checkpoint_id=$1", checkpoint_id)
+        return self._checkpoint(r) if r else None
+
+    async def ledger(self, session_id: str) -> dict[str, LedgerEntry]:
+        pool = await self.pool()
+        rows = await pool.fetch("SELECT * FROM ledger WHERE session_id=$1", session_id)
+        return {r[1]: LedgerEntry(r[0], r[1], r[2], _l(r[3]), r[4], r[5], LedgerStatus(r[6]), r[7],
+                                  _l(r[8]) if r[8] is not None else None, r[9], r[10]) for r in rows}
+
+    async def acquire_lease(self, session_id: str, owner: str, ttl: float) -> bool:
+        pool = await self.pool()
+        status = await pool.execute(
+            f"UPDATE sessions SET lease_owner=$2, lease_until={_NOW} + $3 WHERE session_id=$1 AND "
+            f"(lease_owner IS NULL OR lease_owner=$2 OR lease_until IS NULL OR lease_until < {_NOW})",
+            session_id, owner, ttl)
+        return status == "UPDATE 1"
+
+    async def release_lease(self, session_id: str, owner: str) -> None:
+        pool = await self.pool()
+        await pool.execute("UPDATE sessions SET lease_owner=NULL, lease_until=NULL WHERE session_id=$1 AND lease_owner=$2",
+                           session_id, owner)
+
+    async def push_control(self, record: ControlRecord) -> None:
+        import asyncpg
+
+        pool = await self.pool()
+        if await self.get_session(record.session_id) is None:
+            raise KeyError(f"unknown session {record.session_id}")
+        try:
+            await pool.execute("INSERT INTO controls VALUES ($1,$2,$3,$4,$5)", record.control_id, record.session_id,
+                               record.kind.value, record.text, record.ts)
+        except asyncpg.UniqueViolationError:
+            raise KeyError(f"control {record.control_id} already queued") from None
+
+    async def take_controls(self, session_id: str, kinds: Sequence[ControlKind]) -> list[ControlRecord]:
+        pool = await self.pool()
+        rows = await pool.fetch(
+            "DELETE FROM controls WHERE control_id IN (SELECT control_id FROM controls WHERE session_id=$1 AND "
+            "kind = ANY($2::text[]) ORDER BY ts FOR UPDATE SKIP LOCKED) RETURNING control_id, session_id, kind, text, ts",
+            session_id, [k.value for k in kinds])
+        return sorted((ControlRecord(r[1], ControlKind(r[2]), r[3], r[0], r[4]) for r in rows), key=lambda c: c.ts)
+
+    async def peek_controls(self, session_id: str, kinds: Sequence[ControlKind]) -> bool:
+        pool = await self.pool()
+        return bool(await pool.fetchval(
+            "SELECT EXISTS (SELECT 1 FROM controls WHERE session_id=$1 AND kind = ANY($2::text[]))",
+            session_id, [k.value for k in kinds]))
+
+    async def close(self) -> None:
+        if self._pool is not None:
+            await self._pool.close()
+            self._pool = None
