@@ -14,6 +14,7 @@ usage, cost_usd), ``tool_call`` (call_id, tool, status), ``control`` (kind, text
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -63,6 +64,8 @@ class Journal:
     """Lease owner: writes are fenced to it."""
     buffer: list[EventRecord] = field(factory=list)
     last_checkpoint: str | None = None
+    _lock: asyncio.Lock = field(factory=asyncio.Lock)
+    """Serializes commits: parallel tool calls write their ledger entries concurrently."""
 
     def record(self, type: str, payload: dict[str, Any], turn: int | None = None) -> int:
         """Buffer one event; returns its seq."""
@@ -82,16 +85,17 @@ class Journal:
         Raises:
             LeaseLost: another worker took the session over.
         """
-        if not self.buffer and checkpoint is None and not ledger and state is None and stop is None:
-            return
-        events, self.buffer = tuple(self.buffer), []
-        try:
-            await self.store.write(WriteBatch(self.session_id, events, checkpoint, ledger, state, stop, self.owner))
-        except BaseException:
-            self.buffer = list(events) + self.buffer
-            raise
-        if checkpoint is not None:
-            self.last_checkpoint = checkpoint.checkpoint_id
+        async with self._lock:
+            if not self.buffer and checkpoint is None and not ledger and state is None and stop is None:
+                return
+            events, self.buffer = tuple(self.buffer), []
+            try:
+                await self.store.write(WriteBatch(self.session_id, events, checkpoint, ledger, state, stop, self.owner))
+            except BaseException:
+                self.buffer = list(events) + self.buffer
+                raise
+            if checkpoint is not None:
+                self.last_checkpoint = checkpoint.checkpoint_id
 
     def checkpoint(self, ctx: RunContext, safe_point: str) -> Checkpoint:
         """A checkpoint of ``ctx`` at the last buffered seq (call :meth:`flush` with it)."""

@@ -47,3 +47,83 @@ def llama_server():
     server.start()
     yield server
     server.stop()
+
+
+def _pg_bin(name: str) -> str:
+    import glob
+    import shutil
+
+    found = shutil.which(name) or next(iter(sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"), reverse=True)), None)
+    if not found:
+        pytest.fail(f"PostgreSQL server binary {name!r} not found: install the Debian package 'postgresql' "
+                    "(.ci/run does this)")
+    return found
+
+
+def _psql() -> str:
+    import shutil
+
+    found = shutil.which("psql")
+    if not found:
+        pytest.fail("psql not found: install the Debian package 'postgresql' (.ci/run does this)")
+    return found
+
+
+@pytest.fixture(scope="session")
+def postgres_server():
+    """A throwaway PostgreSQL 15 cluster on a free loopback port (DESIGN.md §7). Yields the base DSN
+    (database ``postgres``, user ``fsm``, trust auth). initdb refuses to run as root, so as root the
+    cluster is created and run as the ``postgres`` user."""
+    import os
+    import shutil
+    import subprocess
+    import tempfile
+
+    from fsm_agent.local import free_port
+
+    initdb, pg_ctl = _pg_bin("initdb"), _pg_bin("pg_ctl")
+    root = tempfile.mkdtemp(prefix="fsm-pg-", dir="/tmp")
+    data = os.path.join(root, "data")
+    os.chmod(root, 0o755)
+    as_user: list[str] = []
+    if os.geteuid() == 0:
+        shutil.chown(root, "postgres", "postgres")
+        as_user = ["runuser", "-u", "postgres", "--"]
+    port = free_port()
+    subprocess.run([*as_user, initdb, "-D", data, "-A", "trust", "-U", "fsm", "--no-sync"], check=True,
+                   capture_output=True)
+    subprocess.run([*as_user, pg_ctl, "-D", data, "-w", "-l", os.path.join(root, "log"), "-o",
+                    f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c fsync=off", "start"],
+                   check=True, capture_output=True)
+    try:
+        yield f"postgresql://fsm@127.0.0.1:{port}"
+    finally:
+        subprocess.run([*as_user, pg_ctl, "-D", data, "-m", "immediate", "stop"], capture_output=True)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def postgres_dsn(postgres_server):
+    """A fresh, empty database on the throwaway cluster for one test."""
+    import subprocess
+    import uuid
+
+    name = "t_" + uuid.uuid4().hex[:12]
+    subprocess.run([_psql(), f"{postgres_server}/postgres", "-q", "-c",
+                    f"CREATE DATABASE {name}"], check=True, capture_output=True)
+    return f"{postgres_server}/{name}"
+
+
+@pytest.fixture(params=["memory", "sqlite", "postgres"])
+async def store(request, tmp_path):
+    """Every store backend, for the shared conformance suite."""
+    from fsm_agent.store import MemoryStore, PostgresStore, SQLiteStore
+
+    if request.param == "memory":
+        s = MemoryStore()
+    elif request.param == "sqlite":
+        s = SQLiteStore(tmp_path / "sessions.db")
+    else:
+        s = PostgresStore(request.getfixturevalue("postgres_dsn"))
+    yield s
+    await s.close()

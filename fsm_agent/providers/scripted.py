@@ -18,7 +18,7 @@ from ..errors import ProviderError
 from ..types.content import TextBlock, ToolUseBlock
 from ..types.messages import AssistantMessage, ModelStopReason, Usage
 from ..types.requests import MessageRequest, MessageResponse
-from ..types.stream import StreamEvent, events_for_response
+from ..types.stream import StreamEvent, TextDelta, events_for_response
 from .base import Provider, ProviderCapabilities
 
 __all__ = ["ScriptItem", "ScriptedProvider", "text_response", "tool_call_response"]
@@ -50,17 +50,20 @@ class ScriptedProvider(Provider):
     Args:
         script: the items to answer with, in call order.
         repeat_last: answer with the last item once the script is used up, instead of failing.
-        delay: seconds to wait before each answer (and between streamed events when ``stream_delay``).
+        delay: seconds to wait before each answer.
+        stream_delay: seconds to wait before each streamed event.
+        chunk_chars: stream text in deltas of this many characters (default: one delta per block).
         capabilities: what to report (defaults: everything on).
     """
 
     def __init__(self, script: Iterable[ScriptItem], *, repeat_last: bool = False, delay: float = 0.0,
-                 stream_delay: float = 0.0, capabilities: ProviderCapabilities | None = None,
-                 model: str = "scripted") -> None:
+                 stream_delay: float = 0.0, chunk_chars: int | None = None,
+                 capabilities: ProviderCapabilities | None = None, model: str = "scripted") -> None:
         self.script = list(script)
         self.repeat_last = repeat_last
         self.delay = delay
         self.stream_delay = stream_delay
+        self.chunk_chars = chunk_chars
         self._caps = capabilities or ProviderCapabilities(thinking=True, images=True)
         self.name = "scripted"
         self.model = model
@@ -98,6 +101,11 @@ class ScriptedProvider(Provider):
             await asyncio.sleep(self.delay)
         response = self._next(request)
         for event in events_for_response(response):
-            if self.stream_delay:
-                await asyncio.sleep(self.stream_delay)
-            yield event
+            parts = [event]
+            if self.chunk_chars and isinstance(event, TextDelta):
+                n = self.chunk_chars
+                parts = [TextDelta(event.index, event.text[i:i + n]) for i in range(0, len(event.text), n)]
+            for part in parts:
+                if self.stream_delay:
+                    await asyncio.sleep(self.stream_delay)
+                yield part
