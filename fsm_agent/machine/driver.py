@@ -51,7 +51,7 @@ from ..middleware import AskApproval, Complete, Continue, Deny, Edit, Respond
 from ..providers.base import call_deadline
 from ..store.base import ControlKind, LedgerStatus
 from ..tools.execution import execute_tool_call, idempotency_key
-from ..tools.registry import ToolContext, ToolEffect
+from ..tools.registry import RUN_AGAIN, ToolContext, ToolEffect
 from ..types.codec import structure, unstructure
 from ..types.content import ToolUseBlock
 from ..types.events import ModelStreamEvent, ToolFinished, ToolStarted, TransitionEvent
@@ -532,7 +532,7 @@ class Driver:
         j.record("tool_call", {"call_id": call.id, "tool": call.name, "status": status.value}, self.ctx.turn)
         await j.ledger(entry)
 
-    async def _reconcile(self, call: ToolUseBlock) -> ToolResultMessage | None:
+    async def _reconcile(self, call: ToolUseBlock) -> Any:
         """A side-effect call found started but unfinished after a crash: ask its tool what happened."""
         tool = self.ctx.tools.get(call.name)
         if tool is None or tool.reconcile is None:
@@ -542,8 +542,8 @@ class Driver:
         outcome = tool.reconcile(dict(call.input), tctx)
         if inspect.isawaitable(outcome):
             outcome = await outcome
-        if outcome is None:
-            return None
+        if outcome is None or outcome is RUN_AGAIN:
+            return outcome  # type: ignore[no-any-return]
         from ..tools.execution import result_blocks
 
         return ToolResultMessage(call.id, result_blocks(outcome), name=call.name, metadata={"reconciled": True})
@@ -593,6 +593,9 @@ class Driver:
                 tool = ctx.tools.get(call.name)
                 if tool is not None and tool.effect is ToolEffect.SIDE_EFFECT:
                     outcome = await self._reconcile(call)
+                    if outcome is RUN_AGAIN:
+                        to_run.append(call)
+                        continue
                     if outcome is None:
                         pending.append(PendingAction(
                             call, "unknown_outcome", ("approve", "reject", "respond")))

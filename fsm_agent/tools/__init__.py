@@ -1,9 +1,10 @@
 """Tools: the ``@tool`` decorator, the registry, parallel execution, demo tools."""
 
 from .execution import execute_tool_call, execute_tool_calls, idempotency_key
-from .registry import Tool, ToolContext, ToolEffect, ToolRegistry, tool
+from .registry import RUN_AGAIN, Tool, ToolContext, ToolEffect, ToolRegistry, tool
 
 __all__ = [
+    "RUN_AGAIN",
     "Tool",
     "ToolContext",
     "ToolEffect",

@@ -32,11 +32,22 @@ from attrs import frozen
 from ..errors import ConfigurationError, ToolArgumentsError, ToolDefinitionError
 from ..types.requests import ToolDefinition
 
-__all__ = ["Tool", "ToolContext", "ToolEffect", "ToolRegistry", "tool"]
+__all__ = ["RUN_AGAIN", "Tool", "ToolContext", "ToolEffect", "ToolRegistry", "tool"]
 
 _NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 DEFAULT_TOOL_TIMEOUT = 600.0
 """Seconds; seed 000 §5.1.2 ``tool_timeout_secs``."""
+
+
+class _RunAgain:
+    """Returned by a reconcile hook: the interrupted call did not take effect; run it again."""
+
+    def __repr__(self) -> str:
+        return "RUN_AGAIN"
+
+
+RUN_AGAIN = _RunAgain()
+"""What a reconcile hook returns when the call it was asked about did not happen."""
 
 
 class ToolEffect(str, enum.Enum):
@@ -267,8 +278,10 @@ class Tool:
         return kwargs
 
     def on_reconcile(self, fn: Callable[..., Any]) -> Callable[..., Any]:
-        """Decorator: ``fn(arguments, context) -> result | None`` decides the outcome of a call found
-        started but unfinished after a crash (``None``: unknown, ask a human)."""
+        """Decorator: ``fn(arguments, context)`` decides the outcome of a side-effect call found started
+        but unfinished after a crash. Return the call's result if it took effect, :data:`RUN_AGAIN` if
+        it did not (it then runs once more), or ``None`` if it cannot tell (a person is asked).
+        ``context.idempotency_key`` is the key the interrupted attempt was given. May be async."""
         self.reconcile = fn
         return fn
 
