@@ -1,8 +1,14 @@
 """The ``fsm-agent`` command line (argparse; no business logic here).
 
-Exit codes: 0 COMPLETED; 2 usage or configuration error; 3 WAITING_HUMAN;
-4 PAUSED_BUDGET; 5 INTERRUPTED; 6 FAILED_RETRYABLE; 7 FAILED_TERMINAL;
-8 CANCELLED; 1 anything else (a message says what).
+Commands: ``run``, ``resume``, ``sessions list|show``, ``control``, ``diagram``, ``decode``,
+``middleware list``.
+
+Exit codes: 0 COMPLETED (or success); 2 usage or configuration error; 3 WAITING_HUMAN;
+4 PAUSED_BUDGET; 5 INTERRUPTED; 6 FAILED_RETRYABLE; 7 FAILED_TERMINAL; 8 CANCELLED;
+1 anything else (a message says what).
+
+Sessions are kept in ``$FSM_AGENT_STORE`` (a SQLite path or a ``postgresql://`` DSN), default
+``~/.fsm-agent/sessions.db``, so a stopped run can be resumed later by ``fsm-agent resume``.
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ import argparse
 import asyncio
 import os
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
@@ -32,6 +39,10 @@ EXIT_CODES: dict[StopReason, int] = {
     StopReason.FAILED_TERMINAL: 7,
     StopReason.CANCELLED: 8,
 }
+DEFAULT_MIDDLEWARE = ("repair", "loop_detection")
+"""Plugins the CLI puts in every agent's chain (when installed), before ``--middleware`` ones."""
+_BUDGETS = {"iterations": ("max_iterations", int), "wall_clock": ("max_wall_clock", float),
+            "tokens": ("max_tokens", int), "cost": ("max_cost_usd", float)}
 
 
 def _env(*names: str) -> str | None:
@@ -45,17 +56,16 @@ def _env(*names: str) -> str | None:
 class _Printer:
     """Observer that streams the answer to stdout and tool activity to stderr."""
 
-    def __init__(self, out: TextIO, err: TextIO, quiet: bool) -> None:
-        self.out, self.err, self.quiet = out, err, quiet
+    def __init__(self, out: TextIO, err: TextIO, verbose: bool) -> None:
+        self.out, self.err, self.verbose = out, err, verbose
         self.open_line = False
 
     def on_model_event(self, ev: Any) -> None:
-        from .types.stream import TextDelta
-
-        if isinstance(ev.event, TextDelta):
-            self.out.write(ev.event.text)
+        text = getattr(ev.event, "text", None)
+        if ev.event.TAG == "text_delta" and text:
+            self.out.write(text)
             self.out.flush()
-            self.open_line = not ev.event.text.endswith("\n")
+            self.open_line = not text.endswith("\n")
 
     def _nl(self) -> None:
         if self.open_line:
@@ -65,8 +75,7 @@ class _Printer:
 
     def on_tool_started(self, ev: Any) -> None:
         self._nl()
-        args = orjson.dumps(ev.call.input).decode()
-        self.err.write(f"→ tool {ev.call.name}({args})\n")
+        self.err.write(f"→ tool {ev.call.name}({orjson.dumps(ev.call.input).decode()})\n")
 
     def on_tool_finished(self, ev: Any) -> None:
         mark = "✗" if ev.result.is_error else "←"
@@ -76,8 +85,331 @@ class _Printer:
         self.err.write(f"{mark} {ev.call.name}: {text} ({ev.duration_s:.2f} s)\n")
 
     def on_transition(self, ev: Any) -> None:
-        if not self.quiet:
+        if self.verbose:
             self.err.write(f"  [{ev.from_state} --{ev.trigger}--> {ev.to_state}] {ev.reason}\n")
+
+    def on_budget_warning(self, ev: Any) -> None:
+        self.err.write(f"! budget {ev.budget}: {ev.used:g} of {ev.limit:g} used\n")
+
+
+# -- building blocks ------------------------------------------------------------------------
+def open_store(location: str | None = None) -> Any:
+    """The session store at ``location`` / ``$FSM_AGENT_STORE`` / ``~/.fsm-agent/sessions.db``."""
+    from .store import PostgresStore, SQLiteStore
+
+    loc = location or _env("FSM_AGENT_STORE") or str(Path(_env("FSM_AGENT_HOME") or "~/.fsm-agent").expanduser()
+                                                      / "sessions.db")
+    if loc.startswith(("postgres://", "postgresql://")):
+        return PostgresStore(loc)
+    return SQLiteStore(loc)
+
+
+def _settings(args: argparse.Namespace) -> dict[str, Any]:
+    provider = args.provider or _env("FSM_AGENT_PROVIDER")
+    base_url = args.base_url or _env("FSM_AGENT_BASE_URL")
+    if provider is None and base_url:
+        provider = "openai-compatible"
+    return {
+        "provider": provider or "local",
+        "base_url": base_url,
+        "model": args.model or _env("FSM_AGENT_MODEL"),
+        "tool_mode": args.tool_mode,
+        "tools": list(args.tool),
+        "system": args.system,
+        "middleware": list(args.middleware),
+        "default_middleware": not args.no_default_middleware,
+        "policy": str(Path(args.policy).resolve()) if args.policy else None,
+    }
+
+
+class _AgentFactory:
+    """Builds the agent of a run (or a resumed run) from CLI settings; owns the local server."""
+
+    def __init__(self, settings: dict[str, Any], api_key: str | None, err: TextIO) -> None:
+        self.s, self.api_key, self.err = settings, api_key, err
+        self.server: Any = None
+        self.provider: Any = None
+
+    async def __aenter__(self) -> _AgentFactory:
+        from .local import LocalLlamaServer
+        from .providers.base import ProviderConfig, ToolMode
+        from .providers.profiles import create_provider
+
+        s = self.s
+        name, base_url = s["provider"], s["base_url"]
+        if name == "local":
+            self.err.write("fsm-agent: no provider configured; using the embedded local model "
+                           "(SmolLM2-135M via llama.cpp)\n")
+            self.server = LocalLlamaServer(log=lambda m: self.err.write(f"fsm-agent: {m}\n"))
+            await asyncio.to_thread(self.server.start)
+            name, base_url = "llamacpp", self.server.base_url
+        self.provider = create_provider(name, ProviderConfig(
+            model=s["model"], base_url=base_url, api_key=self.api_key or _env("FSM_AGENT_API_KEY"),
+            tool_mode=ToolMode(s["tool_mode"]) if s["tool_mode"] else None))
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self.provider is not None:
+            await self.provider.aclose()
+        if self.server is not None:
+            self.server.stop()
+
+    def agent(self, store: Any, config: Any, observers: list[Any]) -> Any:
+        from .agent import Agent
+        from .plugins import discover, load_plugin
+        from .tools.demo import DEMO_TOOLS
+
+        tools = []
+        for name in self.s["tools"]:
+            if name not in DEMO_TOOLS:
+                raise ConfigurationError(f"unknown tool {name!r}; demo tools: {', '.join(DEMO_TOOLS)}")
+            tools.append(DEMO_TOOLS[name])
+        names: list[str] = []
+        if self.s["default_middleware"]:
+            installed = {p.name for p in discover()}
+            names += [n for n in DEFAULT_MIDDLEWARE if n in installed]
+        names += [n for n in self.s["middleware"] if n not in names]
+        middleware = [load_plugin(n)() for n in names]
+        if self.s.get("policy"):
+            middleware.insert(0, load_plugin("tool_policy").from_file(self.s["policy"]))  # type: ignore[attr-defined]
+        return Agent(self.provider, tools=tools, system_prompt=self.s["system"], middleware=middleware,
+                     observers=observers, config=config, store=store)
+
+
+def _report(result: Any, args: argparse.Namespace, printer: _Printer | None, out: TextIO, err: TextIO) -> int:
+    from .types.codec import unstructure
+
+    if args.json:
+        out.write(orjson.dumps(unstructure(result), option=orjson.OPT_INDENT_2).decode() + "\n")
+        return EXIT_CODES[result.stop.reason]
+    if printer is not None and printer.open_line:
+        out.write("\n")
+    if not result.output and result.stop.reason is StopReason.COMPLETED:
+        out.write("(the model gave no text)\n")
+    u = result.usage
+    est = " (estimated)" if u.estimated else ""
+    cost = f", ${result.cost_usd:.6f}" if result.cost_usd else ""
+    err.write(f"stop: {result.stop.reason.value} — {result.stop.detail}\n")
+    err.write(f"usage: {u.input_tokens} input + {u.output_tokens} output tokens{est}{cost}; "
+              f"{result.turns} model call(s), {result.tool_calls} tool call(s), {result.duration_s:.1f} s\n")
+    if result.stop.error:
+        err.write(f"error: {result.stop.error.get('message')}\n")
+    for p in result.stop.pending_actions:
+        err.write(f"pending: {p.call.id} {p.call.name}({orjson.dumps(p.call.input).decode()}) — {p.reason}\n")
+    if result.stop.resumable:
+        err.write(f"session: {result.session_id} (resume with: fsm-agent resume {result.session_id} ...)\n")
+    return EXIT_CODES[result.stop.reason]
+
+
+# -- commands -----------------------------------------------------------------------------------
+async def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    from .machine.context import RunConfig
+
+    settings = _settings(args)
+    config = RunConfig(max_iterations=args.max_iterations, max_wall_clock=args.timeout, max_tokens=args.max_tokens,
+                       max_output_tokens=args.max_output_tokens, stream=not args.no_stream)
+    printer = None if args.json else _Printer(out, err, args.verbose)
+    store = open_store(args.store)
+    try:
+        async with _AgentFactory(settings, args.api_key, err) as factory:
+            agent = factory.agent(store, config, [printer] if printer else [])
+            result = await agent.run(args.task, session_id=args.session_id, metadata={"cli": settings})
+    finally:
+        await store.close()
+    return _report(result, args, printer, out, err)
+
+
+def _decisions(args: argparse.Namespace) -> dict[str, Any]:
+    from .control import Decision
+
+    out: dict[str, Any] = {}
+    for cid in args.approve:
+        out[cid] = Decision.approve()
+    messages = list(args.message)
+    for i, cid in enumerate(args.reject):
+        out[cid] = Decision.reject(messages[i] if i < len(messages) else "rejected by a person")
+    for item in args.edit:
+        cid, _, raw = item.partition("=")
+        try:
+            arguments = orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            raise ConfigurationError(f"--edit {cid}: arguments must be a JSON object: {exc}") from None
+        if not isinstance(arguments, dict):
+            raise ConfigurationError(f"--edit {cid}: arguments must be a JSON object")
+        out[cid] = Decision.edit(arguments)
+    for item in args.respond:
+        cid, _, text = item.partition("=")
+        out[cid] = Decision.respond(text)
+    return out
+
+
+def _limits(items: Sequence[str]) -> dict[str, Any]:
+    limits: dict[str, Any] = {}
+    for item in items:
+        for part in item.split(","):
+            name, _, value = part.partition("=")
+            if name.strip() not in _BUDGETS:
+                raise ConfigurationError(f"--budget {part!r}: budgets are {', '.join(_BUDGETS)} (NAME=VALUE)")
+            field, kind = _BUDGETS[name.strip()]
+            try:
+                limits[field] = kind(value)
+            except ValueError:
+                raise ConfigurationError(f"--budget {part!r}: {value!r} is not a number") from None
+    return limits
+
+
+async def _resume(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    from .errors import ResumeError
+
+    store = open_store(args.store)
+    try:
+        rec = await store.get_session(args.session_id)
+        if rec is None:
+            raise ResumeError(f"unknown session {args.session_id!r} in {store!r}")
+        settings = rec.metadata.get("cli")
+        if settings is None:
+            raise ResumeError(f"session {args.session_id} was not started by the CLI; resume it with Agent.resume()")
+        printer = None if args.json else _Printer(out, err, args.verbose)
+        async with _AgentFactory(settings, args.api_key, err) as factory:
+            agent = factory.agent(store, None, [printer] if printer else [])
+            result = await agent.resume(args.session_id, decisions=_decisions(args), confirm_cancel=args.confirm_cancel,
+                                        **_limits(args.budget))
+    finally:
+        await store.close()
+    return _report(result, args, printer, out, err)
+
+
+async def _sessions(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    from .session import load_session
+    from .types.codec import unstructure
+
+    store = open_store(args.store)
+    try:
+        if args.sessions_command == "list":
+            rows = await store.list_sessions(args.limit)
+            if args.json:
+                out.write(orjson.dumps([unstructure(r) for r in rows], option=orjson.OPT_INDENT_2).decode() + "\n")
+                return 0
+            out.write(f"{'SESSION':<34} {'STATE':<17} {'UPDATED':<20} GOAL\n")
+            for r in rows:
+                when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.updated_at))
+                goal = r.goal.replace("\n", " ")
+                out.write(f"{r.session_id:<34} {r.state:<17} {when:<20} {goal[:60]}\n")
+            return 0
+        loaded = await load_session(store, args.session_id)
+        if loaded is None:
+            err.write(f"fsm-agent: unknown session {args.session_id!r}\n")
+            return 2
+        events = await store.read_events(args.session_id)
+        if args.events:
+            for e in events:
+                out.write(orjson.dumps(unstructure(e)).decode() + "\n")
+            return 0
+        rec = loaded.record
+        doc = {"session": unstructure(rec), "checkpoint": unstructure(loaded.checkpoint),
+               "ledger": {k: unstructure(v) for k, v in loaded.ledger.items()}, "events": len(events),
+               "messages": len(loaded.transcript)}
+        if args.json:
+            out.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode() + "\n")
+            return 0
+        out.write(f"session {rec.session_id}: {rec.state}\ngoal: {rec.goal}\n")
+        if rec.stop:
+            out.write(f"stop: {rec.stop['reason']} — {rec.stop['detail']}\n")
+            for p in rec.stop.get("pending_actions") or ():
+                c = p["call"]
+                out.write(f"pending: {c['id']} {c['name']}({orjson.dumps(c['input']).decode()}) — {p['reason']}\n")
+        out.write(f"events: {len(events)}; messages: {len(loaded.transcript)}; turns: "
+                  f"{loaded.checkpoint.data['turn'] if loaded.checkpoint else 0}\n")
+        for entry in loaded.ledger.values():
+            out.write(f"tool call {entry.call_id} {entry.tool}: {entry.status.value} ({entry.effect})\n")
+        return 0
+    finally:
+        await store.close()
+
+
+async def _control(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    from .store.base import ControlKind, ControlRecord
+
+    kind = ControlKind(args.kind)
+    if kind in (ControlKind.STEER, ControlKind.FOLLOWUP) and not args.text:
+        raise ConfigurationError(f"control {kind.value} needs a TEXT")
+    store = open_store(args.store)
+    try:
+        if await store.get_session(args.session_id) is None:
+            err.write(f"fsm-agent: unknown session {args.session_id!r}\n")
+            return 2
+        await store.push_control(ControlRecord(args.session_id, kind, args.text or ""))
+    finally:
+        await store.close()
+    err.write(f"queued {kind.value} for session {args.session_id}\n")
+    return 0
+
+
+def _diagram(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    from .diagrams import DEFAULT_PATH, check_diagram, chains_of, render_machine, trace_of, write_diagram
+
+    if args.check:
+        path = args.output or DEFAULT_PATH
+        problem = check_diagram(path)
+        if problem:
+            err.write(problem + "\n")
+            return 1
+        err.write(f"{path} is up to date\n")
+        return 0
+    chains = chains_of(args.agent) if args.agent else None
+    trace = trace_of(Path(args.trace)) if args.trace else None
+    if chains is None and trace is None and not args.stdout:
+        path = write_diagram(args.output or DEFAULT_PATH)
+        err.write(f"wrote {path}\n")
+        return 0
+    text = render_machine(chains=chains, trace=trace, title=args.agent or (Path(args.trace).name if args.trace else None))
+    if args.output:
+        args.output.write_text(text)
+        err.write(f"wrote {args.output}\n")
+    else:
+        out.write(text)
+    return 0
+
+
+def _decode(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    from .providers.decode import decode_body
+
+    raw = sys.stdin.buffer.read() if args.input == "-" else Path(args.input).read_bytes()
+    return decode_body(args.protocol, raw, out=out, err=err, events=args.events)
+
+
+def _middleware(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    from .plugins import discover, load_plugin
+
+    plugins = discover()
+    if not plugins:
+        out.write("no middleware plugins installed\n")
+        return 0
+    for p in plugins:
+        try:
+            cls = load_plugin(p.name)
+            o = cls.ordering
+            parts = []
+            if o.position:
+                parts.append(o.position)
+            parts += [f"wraps {', '.join(o.wraps)}"] if o.wraps else []
+            parts += [f"wrapped_by {', '.join(o.wrapped_by)}"] if o.wrapped_by else []
+            parts += [f"requires {', '.join(o.requires)}"] if o.requires else []
+            hooks = [h for h in ("pre_turn", "wrap_model_call", "on_model_event", "on_tool_call", "wrap_tool_call",
+                                 "post_turn") if getattr(cls, h) is not getattr(cls.__mro__[-2], h, None)]
+            doc = (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else ""
+            out.write(f"{p.name:<16} {p.target:<44} [{p.distribution}] failure={getattr(cls.failure_policy, 'value', cls.failure_policy)}"
+                      f" order={'; '.join(parts) or 'as listed'}\n"
+                      f"{'':<16} hooks: {', '.join(hooks) or '-'} — {doc}\n")
+        except ConfigurationError as exc:
+            out.write(f"{p.name:<16} {p.target:<44} [{p.distribution}] BROKEN: {exc}\n")
+    return 0
+
+
+# -- parser -------------------------------------------------------------------------------------
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--store", help="session store: SQLite path or postgresql:// DSN ($FSM_AGENT_STORE, "
+                   "default ~/.fsm-agent/sessions.db)")
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -96,108 +428,72 @@ def _build_parser() -> argparse.ArgumentParser:
                    help="enable a demo tool: calculator, clock (repeatable)")
     r.add_argument("--tool-mode", choices=["native", "constrained"], help="override the profile's tool-calling mode")
     r.add_argument("--system", help="system prompt")
+    r.add_argument("--middleware", action="append", default=[], metavar="NAME",
+                   help="add an installed middleware plugin (see `fsm-agent middleware list`)")
+    r.add_argument("--no-default-middleware", action="store_true",
+                   help=f"leave out the default plugins ({', '.join(DEFAULT_MIDDLEWARE)})")
+    r.add_argument("--policy", help="a tool policy file (see middleware.tool_policy)")
     r.add_argument("--max-iterations", type=int, default=50, help="model calls per run (default 50)")
     r.add_argument("--timeout", type=float, default=600.0, help="wall-clock budget in seconds (default 600)")
     r.add_argument("--max-tokens", type=int, help="token budget over the run (input + output)")
     r.add_argument("--max-output-tokens", type=int, help="max tokens of each model answer")
     r.add_argument("--no-stream", action="store_true", help="do not stream model answers")
+    r.add_argument("--session-id", help="id for the new session (default: random)")
     r.add_argument("--json", action="store_true", help="print the run's result as JSON on stdout")
     r.add_argument("-v", "--verbose", action="store_true", help="show every state transition on stderr")
+    _common(r)
+
+    rs = sub.add_parser("resume", help="continue a stopped session")
+    rs.add_argument("session_id")
+    rs.add_argument("--approve", action="append", default=[], metavar="CALL", help="approve a pending tool call")
+    rs.add_argument("--reject", action="append", default=[], metavar="CALL", help="reject a pending tool call")
+    rs.add_argument("--message", action="append", default=[], metavar="TEXT",
+                    help="the model-facing reason of the --reject at the same position")
+    rs.add_argument("--edit", action="append", default=[], metavar="CALL=JSON", help="run a call with new arguments")
+    rs.add_argument("--respond", action="append", default=[], metavar="CALL=TEXT",
+                    help="answer a call yourself instead of running the tool")
+    rs.add_argument("--budget", action="append", default=[], metavar="NAME=VALUE",
+                    help="raise a budget: iterations, wall_clock (s), tokens, cost (USD)")
+    rs.add_argument("--confirm-cancel", action="store_true", help="confirm a cancel waiting on side effects")
+    rs.add_argument("--api-key", help="API key for the session's provider")
+    rs.add_argument("--json", action="store_true")
+    rs.add_argument("-v", "--verbose", action="store_true")
+    _common(rs)
+
+    s = sub.add_parser("sessions", help="list and inspect sessions")
+    ss = s.add_subparsers(dest="sessions_command", required=True)
+    sl = ss.add_parser("list")
+    sl.add_argument("--limit", type=int, default=50)
+    sl.add_argument("--json", action="store_true")
+    _common(sl)
+    sh = ss.add_parser("show")
+    sh.add_argument("session_id")
+    sh.add_argument("--events", action="store_true", help="print the event log as JSON lines")
+    sh.add_argument("--json", action="store_true")
+    _common(sh)
+
+    c = sub.add_parser("control", help="send a control event to a session (from any process)")
+    c.add_argument("session_id")
+    c.add_argument("kind", choices=["interrupt", "cancel", "steer", "followup"])
+    c.add_argument("text", nargs="?", default="", help="the new direction (steer) or request (followup)")
+    _common(c)
 
     d = sub.add_parser("diagram", help="render the state machine as Mermaid")
     d.add_argument("--check", action="store_true", help="exit 1 when the committed diagram differs")
     d.add_argument("--output", "-o", type=Path, default=None, help="file to write (default diagrams/agent_loop.mmd)")
     d.add_argument("--stdout", action="store_true", help="print instead of writing")
+    d.add_argument("--agent", metavar="MODULE:ATTR", help="show the middleware chains of this Agent")
+    d.add_argument("--trace", metavar="EVENTS.jsonl", help="mark the path of a run (`fsm-agent sessions show ID --events`)")
+
+    dc = sub.add_parser("decode", help="decode a recorded provider response body (stdin) to JSON")
+    dc.add_argument("--protocol", required=True, choices=["openai-chat", "openai-responses", "anthropic"])
+    dc.add_argument("--events", action="store_true", help="print each stream event as one JSON line")
+    dc.add_argument("input", nargs="?", default="-", help="file to read (default: stdin)")
+
+    m = sub.add_parser("middleware", help="installed middleware plugins")
+    ms = m.add_subparsers(dest="middleware_command", required=True)
+    ms.add_parser("list")
     return p
-
-
-def _provider_config(args: argparse.Namespace, base_url: str | None) -> Any:
-    from .providers.base import ProviderConfig, ToolMode
-
-    return ProviderConfig(
-        model=args.model or _env("FSM_AGENT_MODEL"),
-        base_url=base_url,
-        api_key=args.api_key or _env("FSM_AGENT_API_KEY"),
-        tool_mode=ToolMode(args.tool_mode) if args.tool_mode else None,
-    )
-
-
-async def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    from .agent import Agent
-    from .local import LocalLlamaServer
-    from .machine.context import RunConfig
-    from .providers.profiles import create_provider
-    from .tools.demo import DEMO_TOOLS
-    from .types.codec import unstructure
-
-    tools = []
-    for name in args.tool:
-        if name not in DEMO_TOOLS:
-            raise ConfigurationError(f"unknown tool {name!r}; demo tools: {', '.join(DEMO_TOOLS)}")
-        tools.append(DEMO_TOOLS[name])
-    provider_name = args.provider or _env("FSM_AGENT_PROVIDER")
-    base_url = args.base_url or _env("FSM_AGENT_BASE_URL")
-    if provider_name is None and base_url:
-        provider_name = "openai-compatible"
-    server = None
-    if provider_name is None:
-        err.write("fsm-agent: no provider configured; using the embedded local model (SmolLM2-135M via llama.cpp)\n")
-        server = LocalLlamaServer(log=lambda m: err.write(f"fsm-agent: {m}\n"))
-        await asyncio.to_thread(server.start)
-        provider_name, base_url = "llamacpp", server.base_url
-    try:
-        provider = create_provider(provider_name, _provider_config(args, base_url))
-        config = RunConfig(
-            max_iterations=args.max_iterations,
-            max_wall_clock=args.timeout,
-            max_tokens=args.max_tokens,
-            max_output_tokens=args.max_output_tokens,
-            stream=not args.no_stream,
-        )
-        observers = [] if args.json else [_Printer(out, err, quiet=not args.verbose)]
-        agent = Agent(provider, tools=tools, system_prompt=args.system, config=config, observers=observers)
-        try:
-            result = await agent.run(args.task)
-        finally:
-            await provider.aclose()
-    finally:
-        if server is not None:
-            server.stop()
-    if args.json:
-        out.write(orjson.dumps(unstructure(result), option=orjson.OPT_INDENT_2).decode() + "\n")
-    else:
-        if observers and observers[0].open_line:
-            out.write("\n")
-        if not result.output and result.stop.reason is StopReason.COMPLETED:
-            out.write("(the model gave no text)\n")
-        u = result.usage
-        est = " (estimated)" if u.estimated else ""
-        cost = f", ${result.cost_usd:.6f}" if result.cost_usd else ""
-        err.write(f"stop: {result.stop.reason.value} — {result.stop.detail}\n")
-        err.write(f"usage: {u.input_tokens} input + {u.output_tokens} output tokens{est}{cost}; "
-                  f"{result.turns} model call(s), {result.tool_calls} tool call(s), {result.duration_s:.1f} s\n")
-        if result.stop.error:
-            err.write(f"error: {result.stop.error.get('message')}\n")
-    return EXIT_CODES[result.stop.reason]
-
-
-def _diagram(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    from .diagrams import DEFAULT_PATH, check_diagram, render_machine, write_diagram
-
-    path = args.output or DEFAULT_PATH
-    if args.check:
-        problem = check_diagram(path)
-        if problem:
-            err.write(problem + "\n")
-            return 1
-        err.write(f"{path} is up to date\n")
-        return 0
-    if args.stdout:
-        out.write(render_machine())
-        return 0
-    write_diagram(path)
-    err.write(f"wrote {path}\n")
-    return 0
 
 
 def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None, err: TextIO | None = None) -> int:
@@ -208,8 +504,18 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None, err: T
     try:
         if args.command == "run":
             return asyncio.run(_run(args, out, err))
+        if args.command == "resume":
+            return asyncio.run(_resume(args, out, err))
+        if args.command == "sessions":
+            return asyncio.run(_sessions(args, out, err))
+        if args.command == "control":
+            return asyncio.run(_control(args, out, err))
         if args.command == "diagram":
             return _diagram(args, out, err)
+        if args.command == "decode":
+            return _decode(args, out, err)
+        if args.command == "middleware":
+            return _middleware(args, out, err)
     except ConfigurationError as exc:
         err.write(f"fsm-agent: {exc}\n")
         return 2

@@ -17,7 +17,7 @@ from pathlib import Path
 from .machine.phases import PHASES, TRANSITIONS, Phase
 from .types.run import StopReason
 
-__all__ = ["DEFAULT_PATH", "check_diagram", "render_machine", "write_diagram"]
+__all__ = ["DEFAULT_PATH", "chains_of", "check_diagram", "render_machine", "trace_of", "write_diagram"]
 
 DEFAULT_PATH = Path("diagrams") / "agent_loop.mmd"
 
@@ -27,10 +27,6 @@ _PHASE_HOOKS = {
     Phase.MID_TURN: ("on_tool_call", "wrap_tool_call"),
     Phase.POST_TURN: ("post_turn",),
 }
-
-
-def _sid(name: str) -> str:
-    return name
 
 
 def render_machine(
@@ -62,7 +58,7 @@ def render_machine(
         steps = taken.get((a, t, b))
         if steps:
             label = f"{t} #{','.join(map(str, steps))}"
-        lines.append(f"    {_sid(a)} --> {_sid(b)}: {label}")
+        lines.append(f"    {a} --> {b}: {label}")
     for s in StopReason:
         lines.append(f"    {s.value} --> [*]")
     if chains:
@@ -105,3 +101,45 @@ def check_diagram(path: Path = DEFAULT_PATH) -> str | None:
 
     diff = "".join(difflib.unified_diff(actual.splitlines(True), expected.splitlines(True), str(path), "rendered"))
     return f"{path} differs from the transition table; run `fsm-agent diagram` to regenerate:\n{diff}"
+
+
+def chains_of(spec: str) -> dict[str, list[str]]:
+    """The middleware chains of the Agent at ``module:attribute`` (an Agent, or a callable returning one).
+
+    Raises:
+        ConfigurationError: the module or attribute is missing, or it is not an Agent.
+    """
+    import importlib
+
+    from .errors import ConfigurationError
+
+    module_name, _, attr = spec.partition(":")
+    if not attr:
+        raise ConfigurationError(f"--agent {spec!r}: use MODULE:ATTRIBUTE, e.g. myapp.agents:support_agent")
+    try:
+        obj = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigurationError(f"--agent {spec!r}: {exc}") from exc
+    if callable(obj) and not hasattr(obj, "chain"):
+        obj = obj()
+    chain = getattr(obj, "chain", None)
+    if chain is None or not hasattr(chain, "describe"):
+        raise ConfigurationError(f"--agent {spec!r} is not an fsm_agent Agent")
+    return dict(chain.describe())
+
+
+def trace_of(path: Path) -> list[tuple[str, str, str]]:
+    """``(from, trigger, to)`` moves from a JSON-lines event file: the session log
+    (``fsm-agent sessions show ID --events``) or recorded observer TransitionEvents."""
+    import orjson
+
+    moves = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if not line.strip():
+            continue
+        ev = orjson.loads(line)
+        if ev.get("type") != "transition":
+            continue
+        p = ev.get("payload", ev)
+        moves.append((p.get("from") or p["from_state"], p["trigger"], p.get("to") or p["to_state"]))
+    return moves

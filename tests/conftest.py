@@ -29,6 +29,13 @@ class Recorder:
         return [e for e in self.events if isinstance(e, cls)]
 
 
+@pytest.fixture(autouse=True)
+def _isolated_session_store(tmp_path_factory, monkeypatch):
+    """CLI runs in tests keep their sessions in a temporary directory, never in ~/.fsm-agent."""
+    monkeypatch.setenv("FSM_AGENT_HOME", str(tmp_path_factory.mktemp("fsm-agent-home")))
+    monkeypatch.delenv("FSM_AGENT_STORE", raising=False)
+
+
 @pytest.fixture
 def recorder() -> Recorder:
     return Recorder()
