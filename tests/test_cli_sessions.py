@@ -1,0 +1,111 @@
+"""fsm-agent sessions / resume / control, each in its own process against a real HTTP server."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+
+import orjson
+
+from fsm_agent.testing import RecordedResponse, ReplayServer
+from test_cli import ANSWER, TOOL_TURN, chunk
+
+
+async def cli(*args: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "fsm_agent.cli", *args,
+                                                env={**os.environ, **(env or {})},
+                                                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await proc.communicate()
+    return proc.returncode or 0, out.decode(), err.decode()
+
+
+async def test_paused_session_is_listed_shown_and_resumed_with_a_budget() -> None:
+    server = ReplayServer([RecordedResponse(200, r, "text/event-stream") for r in (TOOL_TURN, ANSWER)])
+    base = await server.start()
+    try:
+        code, _, err = await cli("run", "What is 17*23?", "--tool", "calculator", "--base-url", base, "--model", "m",
+                                 "--api-key", "k", "--max-iterations", "1", "--session-id", "sess-1")
+        assert code == 4, err
+        assert "session: sess-1 (resume with: fsm-agent resume sess-1" in err
+        code, out, _ = await cli("sessions", "list")
+        assert code == 0
+        row = next(line for line in out.splitlines() if line.startswith("sess-1"))
+        assert "PAUSED_BUDGET" in row and "What is 17*23?" in row
+        code, out, _ = await cli("sessions", "show", "sess-1")
+        assert "stop: PAUSED_BUDGET — iterations budget exhausted: 1 of 1 model calls used" in out
+        assert "tool call call_1 calculator: completed (pure)" in out
+        code, out, err = await cli("resume", "sess-1", "--budget", "iterations=5", "--api-key", "k")
+        assert code == 0, err
+        assert out == "17 * 23 = 391.\n"
+        assert "stop: COMPLETED" in err
+        code, out, _ = await cli("sessions", "show", "sess-1", "--events")
+        types = [json.loads(line)["type"] for line in out.splitlines()]
+        assert types[0] == "session_started" and types.count("run_stopped") == 2
+        code, _, err = await cli("resume", "sess-1")
+        assert code == 1 and "ended COMPLETED" in err
+    finally:
+        await server.close()
+
+
+async def test_control_interrupt_from_another_process_stops_a_stream() -> None:
+    slow = b"".join(chunk({"content": "word "}) for _ in range(400)) + chunk({}, "stop") + b"data: [DONE]\n\n"
+    server = ReplayServer([RecordedResponse(200, slow, "text/event-stream", chunk_delay=0.01)], chunk_sizes=[64])
+    base = await server.start()
+    try:
+        run = asyncio.ensure_future(cli("run", "talk", "--base-url", base, "--model", "m", "--api-key", "k",
+                                        "--session-id", "sess-int", "--no-default-middleware"))
+        await asyncio.sleep(2.0)
+        code, _, err = await cli("control", "sess-int", "interrupt", "stop now")
+        assert code == 0 and "queued interrupt for session sess-int" in err
+        code, out, err = await run
+        assert code == 5, err
+        assert "stop: INTERRUPTED — stop now (during Model)" in err
+        assert 0 < out.count("word") < 400
+    finally:
+        await server.close()
+
+
+async def test_control_steer_needs_text_and_unknown_sessions_are_reported() -> None:
+    code, _, err = await cli("control", "nope", "steer")
+    assert code == 2 and "needs a TEXT" in err
+    code, _, err = await cli("control", "nope", "interrupt")
+    assert code == 2 and "unknown session 'nope'" in err
+    code, _, err = await cli("sessions", "show", "nope")
+    assert code == 2
+
+
+async def test_decode_prints_the_final_response_and_the_events(tmp_path) -> None:
+    body = tmp_path / "body.sse"
+    body.write_bytes(TOOL_TURN)
+    code, out, err = await cli("decode", "--protocol", "openai-chat", str(body))
+    assert code == 0, err
+    resp = json.loads(out)
+    assert resp["stop_reason"] == "tool_use"
+    assert resp["message"]["content"][0] == {"id": "call_1", "name": "calculator", "input": {"expression": "17 * 23"},
+                                             "raw_input": None, "provider_data": None, "type": "tool_use"}
+    code, out, _ = await cli("decode", "--protocol", "openai-chat", "--events", str(body))
+    events = [json.loads(line)["type"] for line in out.splitlines()]
+    assert events[0] == "message_start" and events[-1] == "message_complete"
+    assert events.count("tool_call_arguments_delta") == 1
+
+
+async def test_decode_malformed_input_prints_what_it_got_and_fails(tmp_path) -> None:
+    body = tmp_path / "broken.sse"
+    body.write_bytes(ANSWER[: ANSWER.index(b"391")] + b'391."}}]}\n\ndata: {"choices": [oops\n\n')
+    code, out, err = await cli("decode", "--protocol", "openai-chat", str(body))
+    assert code == 1
+    assert json.loads(out)["message"]["content"][0]["text"] == "17 * 23 = 391."
+    assert "decoded so far" in err and "ProviderProtocolError" in err and "not JSON" in err
+    code, out, err = await cli("decode", "--protocol", "anthropic", str(tmp_path / "broken.sse"))
+    assert code == 1
+
+
+async def test_middleware_list_shows_installed_plugins() -> None:
+    code, out, _ = await cli("middleware", "list")
+    assert code == 0
+    for name in ("approval", "budget", "loop_detection", "redaction", "repair", "retry", "tool_activation",
+                 "tool_policy", "verifier"):
+        assert any(line.startswith(name + " ") for line in out.splitlines()), name
+    assert "middleware.loop_detection:LoopDetection" in out and "order=innermost" in out
