@@ -83,6 +83,7 @@ _HISTORY_PATTERNS = [
     re.compile(r"messages with role 'tool' must be a response to a preceeding message with 'tool_calls'", re.I),
     re.compile(r"an assistant message with 'tool_calls' must be followed by tool messages", re.I),
     re.compile(r"No tool call found for function call output", re.I),
+    re.compile(r"No tool output found for (?:tool|function) call", re.I),
     re.compile(r"was provided without its required '?reasoning'? item", re.I),
     re.compile(r"reasoning'? was provided without its required following item", re.I),
     re.compile(r"reasoning_content.{0,40}must be passed back", re.I),
@@ -259,7 +260,8 @@ def classify_error(
         return RequestTooLargeError(f"request too large: {message}", **kw)
     if eff_status in (400, 422) or lower_type in ("invalid_request_error", "badrequesterror"):
         return InvalidRequestError(f"invalid request: {message}", **kw)
-    if eff_status is not None and eff_status >= 500 or lower_type in ("api_error", "server_error"):
+    if (eff_status is not None and eff_status >= 500 or lower_type in ("api_error", "server_error")
+            or lower_code in ("api_error", "server_error")):
         return ServerError(f"server error: {message}", **kw)
     if in_stream:
         return StreamError(f"error inside the stream: {message}", **kw)

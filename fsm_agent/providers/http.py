@@ -82,7 +82,15 @@ class HttpClient:
         if resp.status >= 400:
             with map_transport_errors(self.provider, f"reading the error body of POST {url}"):
                 try:
-                    raw = await resp.content.read(_ERROR_BODY_LIMIT)
+                    chunks: list[bytes] = []
+                    size = 0
+                    while size < _ERROR_BODY_LIMIT:  # read() returns what has arrived, not the whole body
+                        chunk = await resp.content.read(_ERROR_BODY_LIMIT - size)
+                        if not chunk:
+                            break
+                        chunks.append(chunk)
+                        size += len(chunk)
+                    raw = b"".join(chunks)
                 finally:
                     resp.release()
             raise classify_error(resp.status, raw, dict(resp.headers), provider=self.provider)
