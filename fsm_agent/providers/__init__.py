@@ -12,6 +12,7 @@ from .base import (
     first_token_timeout_for,
 )
 from .errors import classify_error, parse_retry_after
+from .fallback import FallbackProvider
 from .profiles import PROFILES, ProviderType, create_provider, get_profile
 from .scripted import ScriptedProvider, text_response, tool_call_response
 from .sse import SSEDecoder, ServerSentEvent

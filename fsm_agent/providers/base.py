@@ -364,7 +364,9 @@ class HttpProvider(Provider):
         retry = 0
         while True:
             try:
-                resp = await self._http.post(url, body, headers)
+                resp = await self._http.post(url, body, headers, timeout=self.config.request_timeout,
+                                             timeout_message=f"no response within {self.config.request_timeout} s "
+                                                             "(raise request_timeout for slow models)")
                 raw = await self._http.read_body(resp)
                 if "event-stream" in resp.headers.get("Content-Type", ""):
                     response = await self._decode_stream_body(raw)
@@ -437,7 +439,11 @@ class HttpProvider(Provider):
             produced = False
             parser = self.stream_parser()
             try:
-                resp = await self._http.post(url, body, headers)
+                started = asyncio.get_running_loop().time()
+                resp = await self._http.post(
+                    url, body, headers, timeout=first_timeout,
+                    timeout_message=f"no first token within {first_timeout:g} s (no response headers yet; raise "
+                                    "first_token_timeout for slow models or very long prompts)")
                 if "event-stream" not in resp.headers.get("Content-Type", "event-stream"):
                     raw = await self._http.read_body(resp)
                     response = self.decode_body(raw, resp.status, dict(resp.headers))
@@ -448,7 +454,7 @@ class HttpProvider(Provider):
                         yield event
                     return
                 decoder = SSEDecoder(self.config.max_event_bytes)
-                events = self._stream_events(resp, decoder, parser, first_timeout)
+                events = self._stream_events(resp, decoder, parser, first_timeout, started)
                 if constrained:
                     from .constrained import ConstrainedStream
 
@@ -481,10 +487,11 @@ class HttpProvider(Provider):
                 await asyncio.sleep(wait)
 
     async def _stream_events(
-        self, resp: Any, decoder: SSEDecoder, parser: StreamParser, first_timeout: float | None
+        self, resp: Any, decoder: SSEDecoder, parser: StreamParser, first_timeout: float | None, started: float
     ) -> AsyncIterator[StreamEvent]:
         async for sse in iter_sse(
-            resp, decoder, provider=self.name, first_event_timeout=first_timeout, chunk_timeout=self.config.chunk_timeout
+            resp, decoder, provider=self.name, first_event_timeout=first_timeout,
+            chunk_timeout=self.config.chunk_timeout, started=started,
         ):
             for event in parser.feed(sse):
                 yield event

@@ -69,16 +69,25 @@ class HttpClient:
             await self._session.close()
         self._session = None
 
-    async def post(self, url: str, body: bytes, headers: Mapping[str, str]) -> aiohttp.ClientResponse:
+    async def post(self, url: str, body: bytes, headers: Mapping[str, str], *,
+                   timeout: float | None = None, timeout_message: str = "") -> aiohttp.ClientResponse:
         """POST ``body``; return the response when its status is < 400.
+
+        ``timeout`` (seconds) bounds the wait for the response headers.
 
         Raises:
             ProviderError: a typed error for a status >= 400 (body and headers attached),
                 a connection failure, or a timeout.
         """
         session = await self.session()
-        with map_transport_errors(self.provider, f"POST {url}"):
-            resp = await session.post(url, data=body, headers=dict(headers))
+        try:
+            with map_transport_errors(self.provider, f"POST {url}"):
+                async with asyncio.timeout(timeout):
+                    resp = await session.post(url, data=body, headers=dict(headers))
+        except ProviderTimeoutError as exc:
+            if timeout_message:
+                raise ProviderTimeoutError(timeout_message, provider=self.provider) from exc
+            raise
         if resp.status >= 400:
             with map_transport_errors(self.provider, f"reading the error body of POST {url}"):
                 try:
@@ -115,11 +124,13 @@ async def iter_sse(
     provider: str,
     first_event_timeout: float | None,
     chunk_timeout: float | None,
+    started: float | None = None,
 ) -> AsyncIterator[ServerSentEvent]:
     """Yield the SSE events of ``resp`` as they arrive, enforcing the two stream timeouts.
 
     Raises:
-        ProviderTimeoutError: no data event within ``first_event_timeout`` seconds, or a gap
+        ProviderTimeoutError: no data event within ``first_event_timeout`` seconds of ``started``
+            (``loop.time()`` when the request was sent; default: now), or a gap
             longer than ``chunk_timeout`` seconds between data events.
         ProviderConnectionError: the connection dropped before the body ended.
         ProviderProtocolError: from the decoder (bad UTF-8, oversize event).
@@ -127,7 +138,8 @@ async def iter_sse(
     loop = asyncio.get_running_loop()
     content = resp.content
     got_first = False
-    deadline = None if first_event_timeout is None else loop.time() + first_event_timeout
+    t0 = loop.time() if started is None else started
+    deadline = None if first_event_timeout is None else t0 + first_event_timeout
     try:
         while True:
             try:
