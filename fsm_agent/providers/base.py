@@ -193,6 +193,8 @@ class ProviderConfig:
     """Largest SSE event accepted (bytes)."""
     allow_stream_replay: bool = False
     """Retry a stream that already produced content (the consumer then sees the content again)."""
+    record_to: str | None = None
+    """Append every exchange, credentials scrubbed, to this JSON file (``fsm_agent.testing.record``)."""
 
 
 class StreamParser(Protocol):
@@ -281,6 +283,10 @@ class HttpProvider(Provider):
         self._http = HttpClient(
             profile.name, connect_timeout=self.config.connect_timeout, request_timeout=self.config.request_timeout
         )
+        if self.config.record_to:
+            from ..testing.record import Recorder
+
+            self._http.recorder = Recorder(self.config.record_to, secrets=(self.api_key or "",))
 
     # -- identity --------------------------------------------------------------
     @property
@@ -489,14 +495,19 @@ class HttpProvider(Provider):
     async def _stream_events(
         self, resp: Any, decoder: SSEDecoder, parser: StreamParser, first_timeout: float | None, started: float
     ) -> AsyncIterator[StreamEvent]:
-        async for sse in iter_sse(
-            resp, decoder, provider=self.name, first_event_timeout=first_timeout,
-            chunk_timeout=self.config.chunk_timeout, started=started,
-        ):
-            for event in parser.feed(sse):
+        tap: list[bytes] | None = [] if self._http.recorder is not None else None
+        try:
+            async for sse in iter_sse(
+                resp, decoder, provider=self.name, first_event_timeout=first_timeout,
+                chunk_timeout=self.config.chunk_timeout, started=started, tap=tap,
+            ):
+                for event in parser.feed(sse):
+                    yield event
+            for event in parser.finish():
                 yield event
-        for event in parser.finish():
-            yield event
+        finally:
+            if tap is not None:
+                self._http.record(resp, b"".join(tap))
 
 
 def _events_for(response: MessageResponse) -> list[StreamEvent]:

@@ -54,6 +54,16 @@ class HttpClient:
         self.connector_limit = connector_limit
         self._session = session
         self._owns_session = session is None
+        self.recorder: Any = None
+        """``recorder(url, request_headers, request_body, status, response_headers, response_body)`` sees
+        every exchange when set (``fsm_agent.testing.record.Recorder``)."""
+        self._sent: dict[int, tuple[str, dict[str, str], bytes]] = {}
+
+    def record(self, resp: aiohttp.ClientResponse, raw: bytes) -> None:
+        """Hand a finished exchange to the recorder (no-op without one)."""
+        sent = self._sent.pop(id(resp), None)
+        if self.recorder is not None and sent is not None:
+            self.recorder(sent[0], sent[1], sent[2], resp.status, dict(resp.headers), raw)
 
     async def session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
@@ -88,6 +98,8 @@ class HttpClient:
             if timeout_message:
                 raise ProviderTimeoutError(timeout_message, provider=self.provider) from exc
             raise
+        if self.recorder is not None:
+            self._sent[id(resp)] = (url, dict(headers), body)
         if resp.status >= 400:
             with map_transport_errors(self.provider, f"reading the error body of POST {url}"):
                 try:
@@ -102,6 +114,7 @@ class HttpClient:
                     raw = b"".join(chunks)
                 finally:
                     resp.release()
+            self.record(resp, raw)
             raise classify_error(resp.status, raw, dict(resp.headers), provider=self.provider)
         return resp
 
@@ -110,11 +123,14 @@ class HttpClient:
         with map_transport_errors(self.provider, f"reading the response of {resp.url}"):
             try:
                 if self.request_timeout is None:
-                    return await resp.read()
-                async with asyncio.timeout(self.request_timeout):
-                    return await resp.read()
+                    raw = await resp.read()
+                else:
+                    async with asyncio.timeout(self.request_timeout):
+                        raw = await resp.read()
             finally:
                 resp.release()
+        self.record(resp, raw)
+        return raw
 
 
 async def iter_sse(
@@ -125,6 +141,7 @@ async def iter_sse(
     first_event_timeout: float | None,
     chunk_timeout: float | None,
     started: float | None = None,
+    tap: list[bytes] | None = None,
 ) -> AsyncIterator[ServerSentEvent]:
     """Yield the SSE events of ``resp`` as they arrive, enforcing the two stream timeouts.
 
@@ -171,6 +188,8 @@ async def iter_sse(
                 ) from exc
             if not chunk:
                 break
+            if tap is not None:
+                tap.append(chunk)
             events = decoder.feed(chunk)
             if events:
                 got_first = True

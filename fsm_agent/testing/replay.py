@@ -117,6 +117,22 @@ class ReplayServer:
         await resp.write_eof()
         return resp
 
+    @classmethod
+    def from_recording(cls, path: Any, **kw: Any) -> ReplayServer:
+        """Serve the responses of a recording file (``fsm_agent.testing.record`` format), in order."""
+        from .record import load_recording
+
+        responses = []
+        for ex in load_recording(path):
+            r = ex["response"]
+            body = r["body"]
+            raw = body.encode() if isinstance(body, str) else orjson.dumps(body)
+            headers = {k.lower(): v for k, v in (r.get("headers") or {}).items()}
+            ctype = headers.pop("content-type", "text/event-stream" if isinstance(body, str) else "application/json")
+            keep = {k: v for k, v in headers.items() if k.startswith(("retry-after", "x-ratelimit"))}
+            responses.append(RecordedResponse(int(r.get("status_code", 200)), raw, ctype, keep))
+        return cls(responses, **kw)
+
     async def start(self) -> str:
         """Start on a free loopback port; returns the base URL (``http://127.0.0.1:PORT``)."""
         app = web.Application(client_max_size=64 * 1024 * 1024)
