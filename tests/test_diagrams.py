@@ -1,0 +1,72 @@
+"""Diagrams of a configured agent (its chains per phase) and of a run's path (from its event log)."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import orjson
+
+from fsm_agent import Agent, ScriptedProvider, tool
+from fsm_agent.cli import main
+from fsm_agent.diagrams import render_machine, trace_of
+from fsm_agent.providers import tool_call_response
+from fsm_agent.store import SQLiteStore
+from fsm_agent.types import unstructure
+
+AGENT_MODULE = '''
+from fsm_agent import Agent, ScriptedProvider
+from middleware.loop_detection import LoopDetection
+from middleware.repair import MessageRepair
+from middleware.tool_policy import ToolPolicy
+from middleware.verifier import Verifier
+
+agent = Agent(ScriptedProvider([]), middleware=[ToolPolicy.from_dict({"default": "allow", "rule": []}),
+                                                MessageRepair(), LoopDetection(), Verifier(lambda ctx: True)])
+'''
+
+
+def test_diagram_of_a_configured_agent_shows_each_phase_chain(tmp_path: Path, monkeypatch) -> None:
+    (tmp_path / "my_agents.py").write_text(AGENT_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    out = io.StringIO()
+    assert main(["diagram", "--agent", "my_agents:agent", "--stdout"], out=out, err=io.StringIO()) == 0
+    text = out.getvalue()
+    assert "note right of PreTurn" in text and "note right of MidTurn" in text and "note right of PostTurn" in text
+    pre = text.split("note right of PreTurn")[1].split("end note")[0]
+    assert "pre_turn: " in pre and "MessageRepair" in pre and "LoopDetection" in pre
+    mid = text.split("note right of MidTurn")[1].split("end note")[0]
+    assert "on_tool_call: ToolPolicy" in mid
+    assert "post_turn: Verifier" in text
+    err = io.StringIO()
+    assert main(["diagram", "--agent", "my_agents:nope", "--stdout"], out=io.StringIO(), err=err) == 2
+    assert "my_agents:nope" in err.getvalue()
+
+
+@tool
+def echo(text: str) -> str:
+    """Echo."""
+    return text
+
+
+async def test_diagram_of_a_run_marks_the_path(tmp_path: Path) -> None:
+    store = SQLiteStore(tmp_path / "s.db")
+    await Agent(ScriptedProvider([tool_call_response(("echo", {"text": "a"})), "done"]), tools=[echo],
+                store=store).run("go", session_id="t1")
+    events = await store.read_events("t1")
+    path = tmp_path / "events.jsonl"
+    path.write_text("\n".join(orjson.dumps(unstructure(e)).decode() for e in events))
+    moves = trace_of(path)
+    assert moves == [("Idle", "start", "PreTurn"), ("PreTurn", "call_model", "Model"), ("Model", "tool_use", "MidTurn"),
+                     ("MidTurn", "tools_done", "PostTurn"), ("PostTurn", "next_turn", "PreTurn"),
+                     ("PreTurn", "call_model", "Model"), ("Model", "model_done", "PostTurn"),
+                     ("PostTurn", "complete", "COMPLETED")]
+    text = render_machine(trace=moves)
+    assert "PreTurn --> Model: call_model #2,6" in text
+    assert "PostTurn --> COMPLETED: complete #8" in text
+    assert "PreTurn --> PAUSED_BUDGET: pause_budget\n" in text  # not taken: unmarked
+    assert "class COMPLETED,Idle,MidTurn,Model,PostTurn,PreTurn visited" in text
+    out = io.StringIO()
+    assert main(["diagram", "--trace", str(path)], out=out, err=io.StringIO()) == 0
+    assert out.getvalue() == render_machine(trace=moves, title="events.jsonl")
+
