@@ -9,6 +9,7 @@ to the providers.
 from ._version import __version__
 from .agent import Agent
 from .chain import MiddlewareChain
+from .control import Cancel, Decision, Followup, Interrupt, LoopControl, Steer
 from .errors import (
     ChainError,
     ConfigurationError,
@@ -16,8 +17,10 @@ from .errors import (
     FsmAgentError,
     MiddlewareError,
     ProviderError,
+    ResumeError,
     RunError,
     StopRun,
+    ToolArgumentsError,
     UserError,
 )
 from .hooks import HookBus, Observer
@@ -31,8 +34,12 @@ from .middleware import (
     Edit,
     FailurePolicy,
     Middleware,
+    ModelCallNext,
     Ordering,
     Respond,
+    ToolCallNext,
+    ToolDecision,
+    TurnDecision,
 )
 from .providers import (
     Profile,
@@ -45,13 +52,16 @@ from .providers import (
     ToolMode,
     create_provider,
 )
-from .tools import Tool, ToolContext, ToolEffect, ToolRegistry, tool
+from .store import MemoryStore, SQLiteStore, Store
+from .tools import RUN_AGAIN, Tool, ToolContext, ToolEffect, ToolRegistry, tool
 from .types import (
     AssistantMessage,
+    BudgetWarning,
     Message,
     MessageRequest,
     MessageResponse,
     ModelStopReason,
+    ModelStreamEvent,
     PendingAction,
     RunResult,
     RunStop,
@@ -59,7 +69,9 @@ from .types import (
     SystemMessage,
     TextBlock,
     ThinkingBlock,
+    ToolFinished,
     ToolResultMessage,
+    ToolStarted,
     ToolUseBlock,
     TransitionEvent,
     Usage,
@@ -71,56 +83,77 @@ __all__ = [
     "Allow",
     "AskApproval",
     "AssistantMessage",
+    "BudgetWarning",
+    "Cancel",
     "ChainError",
     "Complete",
     "ConfigurationError",
     "ContextLengthExceededError",
     "Continue",
+    "Decision",
     "Deny",
     "Edit",
     "FailurePolicy",
+    "Followup",
     "FsmAgentError",
     "HookBus",
+    "Interrupt",
+    "LoopControl",
+    "MemoryStore",
     "Message",
     "MessageRequest",
     "MessageResponse",
     "Middleware",
     "MiddlewareChain",
     "MiddlewareError",
+    "ModelCallNext",
     "ModelStopReason",
+    "ModelStreamEvent",
     "Observer",
     "Ordering",
     "PendingAction",
     "Phase",
+    "PostgresStore",
     "Profile",
     "Provider",
     "ProviderCapabilities",
     "ProviderConfig",
     "ProviderError",
     "ProviderType",
+    "RUN_AGAIN",
     "Respond",
+    "ResumeError",
     "RetryPolicy",
     "RunConfig",
     "RunContext",
     "RunError",
     "RunResult",
     "RunStop",
+    "SQLiteStore",
     "ScriptedProvider",
+    "Steer",
     "StopReason",
     "StopRun",
+    "Store",
     "SystemMessage",
     "TRANSITIONS",
     "TextBlock",
     "ThinkingBlock",
     "Tool",
+    "ToolArgumentsError",
+    "ToolCallNext",
     "ToolContext",
+    "ToolDecision",
     "ToolEffect",
+    "ToolFinished",
     "ToolMode",
     "ToolRegistry",
     "ToolResultMessage",
+    "ToolStarted",
     "ToolUseBlock",
     "TransitionEvent",
     "Trigger",
+    "TurnDecision",
     "Usage",
     "UserError",
     "UserMessage",
@@ -128,3 +161,11 @@ __all__ = [
     "create_provider",
     "tool",
 ]
+
+
+def __getattr__(name: str) -> object:
+    if name == "PostgresStore":  # asyncpg is optional: imported only when asked for
+        from .store.postgres import PostgresStore
+
+        return PostgresStore
+    raise AttributeError(f"module 'fsm_agent' has no attribute {name!r}")

@@ -226,7 +226,9 @@ class Agent:
         ctx = self.new_context(loaded.transcript, session_id=session_id, config=cfg)
         loaded.restore(ctx)
         ctx.ledger = dict(loaded.ledger)
-        ctx.decisions = dict(decisions or {})
+        if decisions:
+            _check_decisions(rec.stop, decisions)
+        ctx.decisions = {**ctx.decisions, **dict(decisions or {})}  # earlier approvals of calls not yet run
         ctx.cancel_confirmed = confirm_cancel
         ctx.goal_version = rec.goal_version
         journal = Journal(self.store, session_id, rec.last_seq + 1, self.worker_id)
@@ -271,3 +273,20 @@ class Agent:
     def __repr__(self) -> str:
         return (f"Agent(provider={self.provider!r}, tools={list(self.tools.names)}, "
                 f"middleware={[m.middleware_name for m in self.chain.middleware]})")
+
+
+def _check_decisions(stop: Mapping[str, Any] | None, decisions: Mapping[str, Decision]) -> None:
+    """Every decision must answer a pending call, with a kind that call allows.
+
+    Raises:
+        ResumeError: a decision for a call that is not pending, or of a kind it does not allow.
+    """
+    pending = {p["call"]["id"]: p for p in (stop or {}).get("pending_actions") or ()}
+    for call_id, decision in decisions.items():
+        p = pending.get(call_id)
+        if p is None:
+            known = ", ".join(pending) or "none"
+            raise ResumeError(f"no pending tool call {call_id!r} (pending: {known})")
+        allowed = tuple(p.get("allowed_decisions") or ())
+        if allowed and decision.kind not in allowed:
+            raise ResumeError(f"tool call {call_id!r} allows {', '.join(allowed)}, not {decision.kind!r}")

@@ -114,6 +114,7 @@ class Journal:
             "evidence": list(ctx.evidence),
             "decided_results": {k: unstructure(v) for k, v in ctx.extra_stop.get("decided_results", {}).items()},
             "last_stop_reason": ctx.last_response.stop_reason.value if ctx.last_response else None,
+            "decisions": {k: unstructure(v) for k, v in ctx.decisions.items()},
         }
         return Checkpoint(new_id(), self.session_id, self.next_seq - 1, safe_point, data)
 
@@ -152,6 +153,9 @@ class LoadedSession:
         ctx.elapsed_before = d["elapsed"]
         ctx.context_retry = d["context_retry"]
         ctx.evidence = list(d.get("evidence", ()))
+        from .control import Decision
+
+        ctx.decisions = {k: structure(v, Decision) for k, v in (d.get("decisions") or {}).items()}
         decided = d.get("decided_results") or {}
         if decided:
             ctx.extra_stop["decided_results"] = {k: structure(v, ToolResultMessage) for k, v in decided.items()}

@@ -39,6 +39,7 @@ import asyncio
 import inspect
 import logging
 import time
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -129,6 +130,7 @@ class Driver:
             await self.bus.emit(self.ctx.outbox.pop(0))
 
     async def _fire(self, trigger: Trigger, reason: str) -> None:
+        await self._flush_outbox()
         ctx = self.ctx
         before = ctx.machine.state
         after = ctx.machine.fire(trigger)
@@ -485,6 +487,7 @@ class Driver:
             if token is not None:
                 call_deadline.reset(token)
         ctx.context_retry = False
+        response = _unique_call_ids(response, ctx.transcript)
         self._account(request, response)
         ctx.last_response = response
         self._append(response.message)
@@ -580,6 +583,7 @@ class Driver:
         self._done_results: dict[str, ToolResultMessage] = {}
         to_run: list[ToolUseBlock] = []
         pending: list[PendingAction] = []
+        approved: dict[str, Any] = {}  # a person's decisions whose calls have not run yet
         ledger = ctx.ledger
         for call in calls:
             if call.id in results:
@@ -613,6 +617,7 @@ class Driver:
                 elif run_call is not None:
                     await self._ledger(run_call, LedgerStatus.APPROVED)
                     to_run.append(run_call)
+                    approved[call.id] = decision
                 continue
             decided: ToolUseBlock = call
             final: ToolResultMessage | None = None
@@ -647,6 +652,7 @@ class Driver:
                     to_run.append(run_call)
         if pending:
             ctx.extra_stop["decided_results"] = results
+            ctx.decisions.update(approved)  # nothing of this turn runs now: keep them for the next resume
             unknown = [p for p in pending if p.reason == "unknown_outcome"]
             what = ("the outcome of side-effect call(s) is unknown after a crash: "
                     + ", ".join(f"{p.call.name}({p.call.id})" for p in unknown) + "; "
@@ -745,6 +751,32 @@ class Driver:
             self._append(UserMessage(f.text))
         await self._fire(Trigger.NEXT_TURN, f"{len(followups)} followup request(s) queued by the user")
         return True
+
+
+def _unique_call_ids(response: MessageResponse, transcript: list[Message]) -> MessageResponse:
+    """Give every tool call of ``response`` an id unused so far in the session.
+
+    Some servers number calls ``call_0`` in every turn, or send empty or repeated ids; the ledger
+    and the transcript key results by id, so a reused id would make a new call look already done.
+    Renaming happens before anything is recorded, so resumes see the same ids.
+    """
+    calls = response.tool_calls
+    if not calls:
+        return response
+    used = {b.id for m in transcript if isinstance(m, AssistantMessage) for b in m.tool_calls}
+    seen: set[str] = set()
+    renamed = False
+    blocks = []
+    for b in response.message.content:
+        if isinstance(b, ToolUseBlock):
+            if not b.id or b.id in used or b.id in seen:
+                b = evolve(b, id=f"call_{uuid.uuid4().hex[:24]}")
+                renamed = True
+            seen.add(b.id)
+        blocks.append(b)
+    if not renamed:
+        return response
+    return evolve(response, message=evolve(response.message, content=tuple(blocks)))
 
 
 def _control(session_id: str, kind: ControlKind, text: str) -> Any:

@@ -35,7 +35,8 @@ from typing import Any
 import orjson
 from attrs import define, field
 
-from ..errors import ConfigurationError, ProviderConnectionError, ProviderProtocolError
+from ..errors import (ConfigurationError, InvalidRequestError, ProviderConnectionError,
+                      ProviderProtocolError)
 from ..types.content import (AudioBlock, ContentBlock, ExtensionBlock, FileBlock, ImageBlock,
                              TextBlock, ThinkingBlock, ToolResultBlock, ToolUseBlock)
 from ..types.messages import (AssistantMessage, Message, ModelStopReason, SystemMessage,
@@ -59,15 +60,8 @@ DEFAULT_MAX_TOKENS = 4096
 DEFAULT_THINKING_BUDGET = 1024
 """``budget_tokens`` (tokens) for thinking enabled without a budget: the API's minimum."""
 
-_STOP = {
-    "end_turn": ModelStopReason.END_TURN,
-    "tool_use": ModelStopReason.TOOL_USE,
-    "max_tokens": ModelStopReason.MAX_TOKENS,
-    "model_context_window_exceeded": ModelStopReason.MAX_TOKENS,
-    "stop_sequence": ModelStopReason.STOP_SEQUENCE,
-    "pause_turn": ModelStopReason.PAUSE_TURN,
-    "refusal": ModelStopReason.REFUSAL,
-}
+_STOP = {r.value: r for r in ModelStopReason if r is not ModelStopReason.CONTENT_FILTERED}
+_STOP["model_context_window_exceeded"] = ModelStopReason.MAX_TOKENS
 _CITATIONS = frozenset({"char_location", "page_location", "content_block_location",
                         "web_search_result_location", "search_result_location"})
 _TOOL_USE_KEYS = frozenset({"type", "id", "name", "input"})
@@ -92,7 +86,9 @@ def parse_usage(u: Any) -> Usage | None:
     ``cache_read_input_tokens`` plus ``cache_creation_input_tokens``;
     ``output_tokens_details.thinking_tokens`` becomes ``reasoning_tokens``.
     """
-    if not isinstance(u, dict) or {u.get("input_tokens"), u.get("output_tokens")} == {None}:
+    if not isinstance(u, dict):
+        return None
+    if u.get("input_tokens") is None and u.get("output_tokens") is None:
         return None
     read = int(u.get("cache_read_input_tokens") or 0)
     write = int(u.get("cache_creation_input_tokens") or 0)
@@ -109,12 +105,6 @@ def _refusal(raw: Any, details: Any) -> str | None:
         text = details.get("explanation")
         return text if isinstance(text, str) and text else None
     return None
-
-
-def _keep_extra(obj: dict[str, Any], into: dict[str, Any]) -> None:
-    for key in _EXTRA_KEYS:
-        if obj.get(key) is not None:
-            into[key] = obj[key]
 
 
 # ---------------------------------------------------------------------------- request
@@ -201,7 +191,8 @@ def _blocks(content: Iterable[ContentBlock], role: str) -> list[Wire]:
         elif isinstance(b, ExtensionBlock) and role != "tool" and b.source in (None, SOURCE):
             out.append({"type": b.kind, **b.data})
         elif isinstance(b, AudioBlock):
-            raise ConfigurationError("the Anthropic Messages API takes no audio: transcribe it")
+            raise InvalidRequestError("the Anthropic Messages API takes no audio input; transcribe "
+                                      "it or use a provider that accepts audio", provider=SOURCE)
     return out
 
 
@@ -215,7 +206,7 @@ def messages_to_wire(messages: Iterable[Message]) -> tuple[str | list[Wire] | No
     unpacked); files are ``document`` blocks (PDF base64, plain text, URL or file id).
 
     Raises:
-        ConfigurationError: the history holds audio, which the API does not accept.
+        InvalidRequestError: the history holds audio, which the API does not accept.
     """
     system: list[Wire] = []
     turns: list[tuple[str, list[Wire]]] = []
@@ -325,17 +316,13 @@ def parse_message(data: Wire, provider: str = "anthropic") -> MessageResponse:
                                 if isinstance(b, dict)) if x is not None)
     raw = data.get("stop_reason") if isinstance(data.get("stop_reason"), str) else None
     refusal = _refusal(raw, data.get("stop_details"))
-    extra: Wire = {}
-    _keep_extra(data, extra)
+    extra: Wire = {k: data[k] for k in _EXTRA_KEYS if data.get(k) is not None}
     usage = data.get("usage")
     if isinstance(usage, dict) and usage.get("server_tool_use") is not None:
         extra["server_tool_use"] = usage["server_tool_use"]
-    if raw is not None:
-        stop = map_stop_reason(raw)
-    elif any(isinstance(b, ToolUseBlock) for b in content):
-        stop = ModelStopReason.TOOL_USE
-    else:
-        stop = ModelStopReason.REFUSAL if refusal is not None else ModelStopReason.END_TURN
+    stop = (map_stop_reason(raw) if raw is not None  # absent: inferred as for a stream
+            else ModelStopReason.TOOL_USE if any(isinstance(b, ToolUseBlock) for b in content)
+            else ModelStopReason.REFUSAL if refusal is not None else ModelStopReason.END_TURN)
     return MessageResponse(id=str(data.get("id") or ""), model=str(data.get("model") or ""),
                            message=AssistantMessage(content), stop_reason=stop,
                            raw_stop_reason=raw, usage=parse_usage(usage), provider=provider,
@@ -382,17 +369,17 @@ class AnthropicStreamParser:
         if self.done or sse.event == "ping":
             return []
         try:
-            payload = orjson.loads(sse.data)
-        except orjson.JSONDecodeError as exc:
-            if sse.event == "error":
-                raise error_from_payload({"error": {"message": sse.data}},
-                                         provider=self.provider) from exc
-            raise self._fail(f"stream event is not JSON ({exc})", repr(sse.data)) from exc
+            payload: Any = orjson.loads(sse.data)
+        except orjson.JSONDecodeError:
+            payload = None  # an error event's text becomes its message; otherwise a protocol error
+        kind = payload.get("type") if isinstance(payload, dict) else None
+        if kind == "error" or sse.event == "error":
+            if not isinstance(payload, dict):
+                payload = {"error": {"message": sse.data}}
+            raise error_from_payload(payload, provider=self.provider)
         if not isinstance(payload, dict):
             raise self._fail("stream event is not a JSON object", repr(sse.data))
-        kind = payload.get("type") if isinstance(payload.get("type"), str) else sse.event
-        if kind == "error" or sse.event == "error":
-            raise error_from_payload(payload, provider=self.provider)
+        kind = kind if isinstance(kind, str) else sse.event
         out: list[StreamEvent] = []
         if kind == "content_block_delta":
             self._delta(payload, out)
@@ -407,7 +394,8 @@ class AnthropicStreamParser:
             raw = delta.get("stop_reason")
             if isinstance(raw, str) and raw:
                 self.partial.set_stop_reason(map_stop_reason(raw), raw)
-            _keep_extra(delta, self.partial.extra)
+            extra = ((k, v) for k in _EXTRA_KEYS if (v := delta.get(k)) is not None)
+            self.partial.extra.update(extra)
             refusal = _refusal(raw, delta.get("stop_details"))
             if refusal is not None:
                 self._emit(out, RefusalDelta(refusal))
@@ -415,7 +403,7 @@ class AnthropicStreamParser:
         elif kind == "message_start":
             msg = payload.get("message") if isinstance(payload.get("message"), dict) else {}
             self._emit(out, MessageStart(str(msg.get("id") or ""), str(msg.get("model") or "")))
-            _keep_extra(msg, self.partial.extra)
+            self.partial.extra.update((k, v) for k in _EXTRA_KEYS if (v := msg.get(k)) is not None)
             self._add_usage(msg.get("usage"), out)
         elif kind == "message_stop":
             self.done = True
@@ -516,7 +504,8 @@ class AnthropicStreamParser:
             if not st.got_args and st.data:  # the input came whole in content_block_start
                 self._emit(out, ToolCallArgumentsDelta(st.index, orjson.dumps(st.data).decode()))
             self._emit(out, ToolCallEnd(st.index, self.partial.tool_block(st.index)))
-        self._emit(out, ContentBlockEnd(st.index))
+        signature = self.partial.blocks[st.index].signature if st.kind == "thinking" else None
+        self._emit(out, ContentBlockEnd(st.index, {"signature": signature} if signature else None))
 
     def finish(self) -> list[StreamEvent]:
         """Close what is open; the last events, ending with :class:`MessageComplete`.
@@ -564,7 +553,8 @@ class AnthropicProvider(HttpProvider):
         ``output_config.format``. ``extra["body"]`` (a dict) is merged in last.
 
         Raises:
-            ConfigurationError: audio in the history, or an unknown ``tool_choice``.
+            InvalidRequestError: audio in the history.
+            ConfigurationError: an unknown ``tool_choice``.
         """
         system, messages = messages_to_wire(request.messages)
         max_tokens = request.max_tokens
@@ -579,12 +569,10 @@ class AnthropicProvider(HttpProvider):
             choice = tool_choice_to_wire(request.tool_choice, request.parallel_tool_calls)
             if choice is not None:
                 body["tool_choice"] = choice
-        if request.stop:
-            body["stop_sequences"] = list(request.stop)
-        if request.temperature is not None:
-            body["temperature"] = request.temperature
-        if request.top_p is not None:
-            body["top_p"] = request.top_p
+        for key, value in (("stop_sequences", list(request.stop) or None),
+                           ("temperature", request.temperature), ("top_p", request.top_p)):
+            if value is not None:
+                body[key] = value
         thinking = request.thinking
         if thinking is not None:
             budget = thinking.budget_tokens or DEFAULT_THINKING_BUDGET

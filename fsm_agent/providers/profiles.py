@@ -53,8 +53,10 @@ PROFILES: dict[str, Profile] = {
         auth="x-api-key",
         headers=(("anthropic-version", "2023-06-01"),),
         default_model="claude-sonnet-4-5",
+        # max_output_tokens is also the default max_tokens (the API requires one): 8192 is accepted by
+        # every current Claude model; claude-3-opus/haiku-3 need max_tokens <= 4096 set explicitly.
         capabilities=ProviderCapabilities(thinking=True, images=True, constrained_output=False,
-                                          context_window=200_000, max_output_tokens=64_000),
+                                          context_window=200_000, max_output_tokens=8192),
     ),
     "deepseek": Profile(
         name="deepseek",

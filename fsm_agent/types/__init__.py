@@ -39,8 +39,10 @@ from .stream import (
     ThinkingDelta,
     ToolCallArgumentsDelta,
     ToolCallEnd,
+    events_for_response,
     parse_tool_arguments,
 )
+from .tokens import count_message_tokens, count_tokens, estimate_request_tokens
 
 __all__ = [
     "AssistantMessage",
@@ -88,7 +90,11 @@ __all__ = [
     "UserImageMessage",
     "UserMessage",
     "converter",
+    "count_message_tokens",
+    "count_tokens",
     "dumps",
+    "estimate_request_tokens",
+    "events_for_response",
     "loads",
     "parse_tool_arguments",
     "structure",

@@ -71,10 +71,16 @@ class ContentBlockStart:
 
 @frozen
 class ContentBlockEnd:
-    """The block at ``index`` is complete."""
+    """The block at ``index`` is complete.
+
+    ``data`` carries wire data known only at the end of a block (an Anthropic thinking
+    ``signature``, final citations), merged into the block, so that folding the events
+    reproduces the final response exactly.
+    """
 
     TAG: ClassVar[str] = "content_block_end"
     index: int
+    data: dict[str, Any] | None = None
 
 
 @frozen
@@ -245,7 +251,15 @@ class PartialMessageResponse:
                 block.redacted_data = event.data.get("redacted_data")
             self.blocks.append(block)
         elif t is ContentBlockEnd or t is ToolCallEnd:
-            self.blocks[event.index].closed = True  # type: ignore[union-attr]
+            block = self.blocks[event.index]  # type: ignore[union-attr]
+            block.closed = True
+            data = event.data if t is ContentBlockEnd else None  # type: ignore[union-attr]
+            if data:
+                if "signature" in data:
+                    block.signature = data["signature"]
+                rest = {k: v for k, v in data.items() if k != "signature"}
+                if rest:
+                    block.data = {**(block.data or {}), **rest}
         elif t is RefusalDelta:
             self.refusal_parts.append(event.text)  # type: ignore[union-attr]
         elif t is CostUpdate:
@@ -342,17 +356,22 @@ def events_for_response(response: MessageResponse) -> list[StreamEvent]:
     out: list[StreamEvent] = [MessageStart(response.id, response.model)]
     for i, block in enumerate(response.message.content):
         if isinstance(block, TextBlock):
-            out += [ContentBlockStart(i, "text"), TextDelta(i, block.text), ContentBlockEnd(i)]
+            cites = {"citations": list(block.citations)} if block.citations else None
+            out += [ContentBlockStart(i, "text", data=cites), TextDelta(i, block.text), ContentBlockEnd(i)]
         elif isinstance(block, ToolUseBlock):
-            out.append(ContentBlockStart(i, "tool_use", block.id, block.name))
+            out.append(ContentBlockStart(i, "tool_use", block.id, block.name, block.provider_data))
             if block.input or block.raw_input:
                 out.append(ToolCallArgumentsDelta(i, block.raw_input or orjson.dumps(block.input).decode()))
             out += [ToolCallEnd(i, block), ContentBlockEnd(i)]
         elif isinstance(block, ThinkingBlock):
-            out.append(ContentBlockStart(i, "thinking"))
+            data = {**(block.provider_data or {}),
+                    **({"redacted_data": block.redacted_data} if block.redacted_data is not None else {})}
+            out.append(ContentBlockStart(i, "thinking", data=data or None))
             if block.thinking:
                 out.append(ThinkingDelta(i, block.thinking))
-            out.append(ContentBlockEnd(i))
+            out.append(ContentBlockEnd(i, {"signature": block.signature} if block.signature else None))
+        elif isinstance(block, ExtensionBlock):
+            out += [ContentBlockStart(i, "extension", data={**block.data, "kind": block.kind}), ContentBlockEnd(i)]
         else:
             out += [ContentBlockStart(i, block.TAG), ContentBlockEnd(i)]
     if response.refusal:

@@ -1,0 +1,282 @@
+"""Verifier: decide in PostTurn whether the task is done, and record the evidence.
+
+The verifier judges only turns in which the model ended without tool calls (and
+did not pause); for the others ``post_turn`` returns ``None`` and the run goes on
+as usual. It asks a **check** for a :class:`Verdict`:
+
+* a callable ``(ctx) -> Verdict`` (plain or ``async``) — tests, linters, a
+  comparison with known results; or
+* :class:`ModelGrader` — asks a model (a separate grader provider, or the run's
+  own) whether the last answer satisfies the task, with a JSON-schema
+  ``response_format`` (``{"ok": bool, "reason": str}``) and a tolerant parse.
+
+Then:
+
+* ok → ``Complete(evidence=verdict.evidence)``: the run ends COMPLETED and the
+  driver puts the evidence in the stop's ``evidence_refs``;
+* not ok → ``Continue(message=UserMessage(feedback))``: the feedback is appended
+  to the transcript and the model tries again;
+* not ok after ``max_rejections`` feedback rounds → the run stops. Default
+  ``on_exhausted="human"``: WAITING_HUMAN (resumable; seed 004's
+  ``verdict.needs_human``), ``required_decision`` asking a person to accept the
+  last answer or resume with guidance. ``"fail"``: FAILED_TERMINAL with
+  ``error={"kind": "verification_failed", "reasons": [...]}``. Both carry every
+  rejection's evidence in ``evidence_refs``.
+
+A check that raises ends the run FAILED_TERMINAL (fail closed, the middleware
+default). The rejection count lives in ``ctx.state(self)`` (``rejections``,
+``verdicts``), so it starts again at 0 when a run is resumed.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
+
+import orjson
+from attrs import field, frozen
+
+from fsm_agent import (
+    Complete,
+    Continue,
+    MessageRequest,
+    Middleware,
+    ModelStopReason,
+    Provider,
+    RunContext,
+    StopReason,
+    StopRun,
+    SystemMessage,
+    UserMessage,
+)
+from fsm_agent.errors import ProviderError
+
+__all__ = ["GRADER_INSTRUCTIONS", "VERDICT_FORMAT", "ModelGrader", "Verdict", "Verifier", "parse_verdict"]
+
+
+def _strings(values: Iterable[str]) -> tuple[str, ...]:
+    return tuple(values)
+
+
+@frozen
+class Verdict:
+    """A check's judgement of the last answer."""
+
+    ok: bool
+    """True: the task is done."""
+    feedback: str = ""
+    """Why; sent to the model as the next user message when ``ok`` is false."""
+    evidence: tuple[str, ...] = field(default=(), converter=_strings)
+    """References to what the judgement rests on (test ids, grader response ids); recorded in the stop."""
+
+
+Check = Callable[[RunContext], Verdict | Awaitable[Verdict]]
+"""``(ctx) -> Verdict``, plain or async."""
+
+VERDICT_FORMAT: dict[str, Any] = {
+    "type": "json_schema",
+    "json_schema": {
+        "name": "verdict",
+        "strict": True,
+        "schema": {
+            "type": "object",
+            "properties": {"ok": {"type": "boolean"}, "reason": {"type": "string"}},
+            "required": ["ok", "reason"],
+            "additionalProperties": False,
+        },
+    },
+}
+"""The grader's ``response_format`` (OpenAI-style JSON schema; enforced by grammar on llama.cpp)."""
+
+GRADER_INSTRUCTIONS = (
+    "You are a strict grader. Decide whether the ANSWER fully and correctly satisfies the TASK. "
+    'Reply with JSON only: {"ok": true or false, "reason": "one short sentence"}.'
+)
+"""Default system prompt of :class:`ModelGrader`."""
+
+_FENCE = re.compile(r"^```(?:json)?\s*|\s*```$", re.IGNORECASE)
+
+
+def parse_verdict(text: str) -> tuple[bool, str] | None:
+    """``(ok, reason)`` from a grader's reply, or ``None`` when it holds no readable verdict.
+
+    Accepts a bare JSON object, one inside a code fence or surrounded by prose, and ``"ok"``
+    given as the strings ``"true"`` / ``"false"``; ``reason`` is cut to 2,000 characters.
+    """
+    s = _FENCE.sub("", text.strip())
+    candidates = [s]
+    start, end = s.find("{"), s.rfind("}")
+    if 0 <= start < end:
+        candidates.append(s[start:end + 1])
+    for c in candidates:
+        try:
+            obj = orjson.loads(c)
+        except orjson.JSONDecodeError:
+            continue
+        if not isinstance(obj, dict):
+            continue
+        ok = obj.get("ok")
+        if isinstance(ok, str) and ok.strip().lower() in ("true", "false"):
+            ok = ok.strip().lower() == "true"
+        if not isinstance(ok, bool):
+            continue
+        reason = obj.get("reason", "")
+        return ok, (reason if isinstance(reason, str) else orjson.dumps(reason).decode())[:2000]
+    return None
+
+
+class ModelGrader:
+    """A check that asks a model whether the last answer satisfies the task.
+
+    The grader sees what the model saw: the task is the first user message of
+    ``ctx.messages`` (already masked when a Redaction middleware ran), the answer
+    is ``ctx.last_response``'s text. The call goes through ``ctx.call_provider``
+    (streamed to observers) and its tokens are added to ``ctx.usage``, so token
+    budgets count them (cost in USD is not added: see the report on core changes).
+
+    Args:
+        provider: the grader model, or ``None`` for the run's own provider.
+        instructions: the grader's system prompt.
+        task: the task text to grade against, or ``None`` for the first user message.
+        max_tokens: output tokens of the grader's answer.
+        temperature: sampling temperature of the grader (default 0).
+        attempts: grader calls allowed for one verdict when the reply cannot be read.
+        name: key of this grader's records in ``ctx.state`` (``calls``: raw reply, verdict, usage).
+
+    A grader reply that stays unreadable ends the run FAILED_TERMINAL; a failed grader call ends it
+    FAILED_TERMINAL, or WAITING_HUMAN when the error is retryable (PostTurn has no FAILED_RETRYABLE row).
+    """
+
+    def __init__(self, provider: Provider | None = None, *, instructions: str = GRADER_INSTRUCTIONS,
+                 task: str | None = None, max_tokens: int = 200, temperature: float | None = 0.0,
+                 attempts: int = 2, name: str = "ModelGrader") -> None:
+        if attempts < 1:
+            raise ValueError("attempts must be at least 1")
+        self.provider = provider
+        self.instructions = instructions
+        self.task = task
+        self.max_tokens = max_tokens
+        self.temperature = temperature
+        self.attempts = attempts
+        self.middleware_name = name
+
+    def __repr__(self) -> str:
+        who = "run's own" if self.provider is None else f"{self.provider.name}:{self.provider.model}"
+        return (f"ModelGrader(provider={who!r}, max_tokens={self.max_tokens}, temperature={self.temperature}, "
+                f"attempts={self.attempts})")
+
+    def request(self, ctx: RunContext) -> MessageRequest:
+        """The grading request for the current answer."""
+        task = self.task
+        if task is None:
+            task = next((m.text for m in ctx.messages if isinstance(m, UserMessage)), "")
+        answer = ctx.last_response.text if ctx.last_response is not None else ""
+        provider = self.provider or ctx.provider
+        return MessageRequest(
+            model=provider.model or "",
+            messages=(SystemMessage(self.instructions), UserMessage(f"TASK:\n{task}\n\nANSWER:\n{answer}")),
+            max_tokens=self.max_tokens,
+            temperature=self.temperature,
+            response_format=VERDICT_FORMAT,
+        )
+
+    async def __call__(self, ctx: RunContext) -> Verdict:
+        request = self.request(ctx)
+        provider = self.provider or ctx.provider
+        calls = ctx.state(self).setdefault("calls", [])
+        raw = ""
+        for _ in range(self.attempts):
+            try:
+                response = await ctx.call_provider(request, provider=self.provider)
+            except ProviderError as exc:
+                stop = StopReason.WAITING_HUMAN if exc.retryable else StopReason.FAILED_TERMINAL
+                raise StopRun(stop, f"verifier: the grader call failed: {exc}", error=exc.to_info(),
+                              required_decision=("the answer could not be verified: accept it, or resume to "
+                                                 "verify again") if exc.retryable else None) from exc
+            if response.usage is not None:
+                ctx.usage = ctx.usage + response.usage
+            raw = response.text
+            parsed = parse_verdict(raw)
+            calls.append({"raw": raw, "verdict": parsed, "response_id": response.id, "usage": response.usage})
+            if parsed is not None:
+                ok, reason = parsed
+                who = f"{response.provider or provider.name}/{response.model or request.model}"
+                evidence = (f"grader:{who}:{response.id}", f"grader verdict ok={str(ok).lower()}: {reason}")
+                return Verdict(ok, reason, evidence)
+        raise StopRun(StopReason.FAILED_TERMINAL,
+                      f"verifier: the grader gave no readable verdict in {self.attempts} attempt(s); "
+                      f"last reply: {raw[:300]!r}", error={"kind": "verifier_unreadable", "message": raw[:2000]})
+
+
+class Verifier(Middleware):
+    """PostTurn check that completes the run or sends feedback (see the module doc).
+
+    Args:
+        check: a callable ``(ctx) -> Verdict`` (plain or async), e.g. a :class:`ModelGrader`.
+        max_rejections: feedback rounds allowed before the run stops (0: stop at the first rejection).
+        on_exhausted: ``"human"`` (WAITING_HUMAN, default) or ``"fail"`` (FAILED_TERMINAL).
+        feedback_template: the user message sent after a rejection; ``{feedback}`` is the verdict's.
+        name: middleware name (to have several verifiers in one chain).
+
+    Raises:
+        ValueError: ``on_exhausted`` is not ``"human"`` or ``"fail"``, or ``max_rejections`` < 0.
+    """
+
+    def __init__(self, check: Check, *, max_rejections: int = 2, on_exhausted: str = "human",
+                 feedback_template: str = "Your answer did not pass verification: {feedback}\n"
+                                          "Fix it and answer again.",
+                 name: str | None = None) -> None:
+        if on_exhausted not in ("human", "fail"):
+            raise ValueError(f"on_exhausted must be 'human' or 'fail', not {on_exhausted!r}")
+        if max_rejections < 0:
+            raise ValueError("max_rejections must not be negative")
+        self.check = check
+        self.max_rejections = max_rejections
+        self.on_exhausted = on_exhausted
+        self.feedback_template = feedback_template
+        if name:
+            self.name = name  # type: ignore[misc]  # instance override of the class-level name
+
+    def __repr__(self) -> str:
+        return (f"Verifier(check={self.check!r}, max_rejections={self.max_rejections}, "
+                f"on_exhausted={self.on_exhausted!r})")
+
+    # the base hook is typed sync; the chain awaits an async override (checked when the chain is built)
+    async def post_turn(self, ctx: RunContext) -> Complete | Continue | None:  # type: ignore[override]
+        """Judge a turn that ended without tool calls; ``None`` for every other turn.
+
+        Raises:
+            StopRun: WAITING_HUMAN or FAILED_TERMINAL once ``max_rejections`` is spent.
+            TypeError: the check returned something other than a :class:`Verdict` (fails the run).
+        """
+        resp = ctx.last_response
+        if resp is None or resp.tool_calls or resp.stop_reason is ModelStopReason.PAUSE_TURN:
+            return None
+        verdict = self.check(ctx)
+        if inspect.isawaitable(verdict):
+            verdict = await verdict
+        if not isinstance(verdict, Verdict):
+            raise TypeError(f"the verifier's check returned {type(verdict).__name__}, not a Verdict")
+        state = ctx.state(self)
+        state.setdefault("verdicts", []).append(verdict)
+        if verdict.ok:
+            evidence = verdict.evidence or (f"verifier:{self.middleware_name}:passed",)
+            return Complete(evidence=evidence, detail=f"verified: {verdict.feedback or 'the check passed'}")
+        rejections = state.get("rejections", 0)
+        if rejections >= self.max_rejections:
+            rejected = [v for v in state["verdicts"] if not v.ok]
+            evidence = tuple(e for v in rejected for e in v.evidence)
+            detail = (f"the verifier rejected {len(rejected)} answer(s); last reason: "
+                      f"{verdict.feedback or 'none given'}")
+            if self.on_exhausted == "fail":
+                raise StopRun(StopReason.FAILED_TERMINAL, detail, evidence_refs=evidence,
+                              error={"kind": "verification_failed", "message": detail,
+                                     "reasons": [v.feedback for v in rejected]})
+            raise StopRun(StopReason.WAITING_HUMAN, detail, evidence_refs=evidence,
+                          required_decision="accept the last answer, or resume with guidance for the model")
+        state["rejections"] = rejections + 1
+        message = UserMessage(self.feedback_template.format(feedback=verdict.feedback or "no reason given"))
+        return Continue(message=message,
+                        reason=f"verifier rejected the answer ({rejections + 1} of {self.max_rejections})")
