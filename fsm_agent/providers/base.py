@@ -35,7 +35,6 @@ from ..errors import (
 from ..types.requests import MessageRequest, MessageResponse
 from ..types.stream import ErrorEvent, MessageComplete, StreamEvent, TextDelta, ThinkingDelta, ToolCallArgumentsDelta
 from .errors import classify_error
-from .http import HttpClient, iter_sse
 from .sse import DEFAULT_MAX_EVENT_BYTES, SSEDecoder, ServerSentEvent
 
 __all__ = [
@@ -280,6 +279,8 @@ class HttpProvider(Provider):
             env = " or ".join(profile.api_key_env) or "an API key"
             raise ConfigurationError(f"provider {profile.name!r} needs an API key: set {env} or pass --api-key")
         self.tool_mode = self.config.tool_mode or profile.tool_mode
+        from .http import HttpClient  # aiohttp is imported with the first HTTP provider, not with fsm_agent
+
         self._http = HttpClient(
             profile.name, connect_timeout=self.config.connect_timeout, request_timeout=self.config.request_timeout
         )
@@ -495,6 +496,8 @@ class HttpProvider(Provider):
     async def _stream_events(
         self, resp: Any, decoder: SSEDecoder, parser: StreamParser, first_timeout: float | None, started: float
     ) -> AsyncIterator[StreamEvent]:
+        from .http import iter_sse
+
         tap: list[bytes] | None = [] if self._http.recorder is not None else None
         try:
             async for sse in iter_sse(

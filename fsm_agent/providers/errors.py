@@ -26,7 +26,6 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-import aiohttp
 import orjson
 
 from ..errors import (
@@ -278,6 +277,8 @@ def error_from_payload(payload: Any, *, provider: str | None = None, status: int
 @contextlib.contextmanager
 def map_transport_errors(provider: str | None, what: str) -> Iterator[None]:
     """Translate aiohttp/asyncio failures inside the block into typed provider errors."""
+    import aiohttp  # imported here: `import fsm_agent` stays light when no HTTP provider is used
+
     try:
         yield
     except ProviderError:

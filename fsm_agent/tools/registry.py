@@ -26,7 +26,6 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Literal, Union, get_args, get_origin
 
 import attrs
-import jsonschema
 from attrs import frozen
 
 from ..errors import ConfigurationError, ToolArgumentsError, ToolDefinitionError
@@ -217,6 +216,8 @@ class Tool:
                 if p.annotation is ToolContext or p.annotation == "ToolContext":
                     self._context_param = p.name
         self.parameters = parameters
+        import jsonschema  # imported with the first tool, not with fsm_agent
+
         try:
             cls = jsonschema.validators.validator_for(parameters, default=jsonschema.Draft202012Validator)
             cls.check_schema(parameters)
