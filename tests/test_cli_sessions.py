@@ -7,7 +7,6 @@ import json
 import os
 import sys
 
-import orjson
 
 from fsm_agent.testing import RecordedResponse, ReplayServer
 from test_cli import ANSWER, TOOL_TURN, chunk

@@ -13,8 +13,6 @@ from fsm_agent import Agent, ChainError, Middleware, Ordering, ScriptedProvider
 from fsm_agent.chain import MiddlewareChain
 from fsm_agent.errors import ConfigurationError
 from fsm_agent.plugins import discover, load_plugin
-from fsm_agent.providers import tool_call_response
-from fsm_agent.tools.demo import calculator
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "fsm-agent-example-plugin"

@@ -24,10 +24,17 @@ def test_all_is_sorted_unique_and_importable(name: str) -> None:
         assert hasattr(mod, n), f"{name}.{n} is in __all__ but missing"
 
 
-def test_top_level_exports_every_public_class_of_its_imports() -> None:
-    exported = set(fsm_agent.__all__)
-    public = {n for n in dir(fsm_agent) if not n.startswith("_") and not inspect.ismodule(getattr(fsm_agent, n))}
-    assert public - exported == set(), "importable but not in __all__"
+PACKAGES = ["fsm_agent", "fsm_agent.types", "fsm_agent.providers", "fsm_agent.machine", "fsm_agent.tools",
+            "fsm_agent.store", "fsm_agent.testing"]
+
+
+@pytest.mark.parametrize("name", PACKAGES)
+def test_packages_export_every_public_name_they_import(name: str) -> None:
+    mod = importlib.import_module(name)
+    exported = set(mod.__all__)
+    public = {n for n in dir(mod) if not n.startswith("_") and not inspect.ismodule(getattr(mod, n))}
+    assert public - exported == set(), f"{name}: importable but not in __all__"
+    assert fsm_agent.__version__
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -18,6 +18,7 @@ from .scripted import ScriptedProvider, text_response, tool_call_response
 from .sse import SSEDecoder, ServerSentEvent
 
 __all__ = [
+    "FallbackProvider",
     "HttpProvider",
     "PROFILES",
     "Profile",

@@ -20,7 +20,7 @@ from typing import Any
 
 import aiohttp
 
-from ..errors import ProviderConnectionError, ProviderError, ProviderTimeoutError
+from ..errors import ProviderConnectionError, ProviderTimeoutError
 from .errors import classify_error, map_transport_errors
 from .sse import SSEDecoder, ServerSentEvent
 
