@@ -117,7 +117,7 @@ class Agent:
         if isinstance(task, str):
             msgs: list[Message] = [UserMessage(task)]
         elif isinstance(task, Sequence):
-            msgs = list(task)
+            msgs = [m for m in task if not isinstance(m, str)]
         else:
             msgs = [task]
         if self.system_prompt and not any(isinstance(m, SystemMessage) for m in msgs):
@@ -251,7 +251,7 @@ class Agent:
         """Send a control event to a session, wherever it runs (through the store)."""
         kind = {Steer: ControlKind.STEER, Followup: ControlKind.FOLLOWUP, Interrupt: ControlKind.INTERRUPT,
                 Cancel: ControlKind.CANCEL}[type(control)]
-        text = getattr(control, "text", None) or getattr(control, "reason", "")
+        text = str(getattr(control, "text", None) or getattr(control, "reason", ""))
         await self.store.push_control(ControlRecord(session_id, kind, text))
 
     async def decide(self, session_id: str, call_id: str, decision: Decision) -> None:

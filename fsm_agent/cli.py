@@ -95,7 +95,8 @@ class _Printer:
 # -- building blocks ------------------------------------------------------------------------
 def open_store(location: str | None = None) -> Any:
     """The session store at ``location`` / ``$FSM_AGENT_STORE`` / ``~/.fsm-agent/sessions.db``."""
-    from .store import PostgresStore, SQLiteStore
+    from .store.postgres import PostgresStore
+    from .store.sqlite import SQLiteStore
 
     loc = location or _env("FSM_AGENT_STORE") or str(Path(_env("FSM_AGENT_HOME") or "~/.fsm-agent").expanduser()
                                                       / "sessions.db")
@@ -140,7 +141,7 @@ class _AgentFactory:
         if name == "local":
             self.err.write("fsm-agent: no provider configured; using the embedded local model "
                            "(SmolLM2-135M via llama.cpp)\n")
-            self.server = LocalLlamaServer(log=lambda m: self.err.write(f"fsm-agent: {m}\n"))
+            self.server = LocalLlamaServer(log=lambda m: None if self.err.write(f"fsm-agent: {m}\n") else None)
             await asyncio.to_thread(self.server.start)
             name, base_url = "llamacpp", self.server.base_url
         self.provider = create_provider(name, ProviderConfig(

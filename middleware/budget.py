@@ -195,11 +195,12 @@ class Budget(Middleware):
 
     def _used(self, name: str, ctx: RunContext, st: dict[str, Any]) -> float | None:
         u = ctx.usage
-        return {
+        used: dict[str, float | None] = {
             "iterations": ctx.turn, "model_calls": st["model_calls"], "tool_calls": ctx.tool_calls_made,
             "wall_clock": ctx.elapsed, "tokens": u.total_tokens, "input_tokens": u.input_tokens,
             "output_tokens": u.output_tokens, "cost": ctx.cost_usd,
-        }[name]
+        }
+        return used[name]
 
     def detail(self, name: str, used: float, limit: float, *, estimated: bool = False, unit: str | None = None) -> str:
         """The stop detail: ``"<name> budget exhausted: <used> of <limit> <unit> used"``."""

@@ -117,7 +117,7 @@ class RunContext:
 
     @property
     def state_name(self) -> str:
-        return self.machine.state.value
+        return str(self.machine.state.value)
 
     @property
     def elapsed(self) -> float:

@@ -302,7 +302,7 @@ class Driver:
         for c in taken:
             self.journal.record("control", {"kind": c.kind.value, "text": c.text, "control_id": c.control_id},
                                 self.ctx.turn)
-        return taken
+        return list(taken)
 
     async def _mid_phase_control(self) -> None:
         """An Interrupt or Cancel arrived while the model or tools ran (the phase was cancelled)."""
@@ -331,7 +331,7 @@ class Driver:
         calls = list(ctx.pending_calls)
         answered = {m.tool_call_id for m in ctx.transcript if isinstance(m, ToolResultMessage)}
         open_calls = [c for c in calls if c.id not in answered]
-        started = getattr(self, "_started_ids", set())
+        started: set[str] = getattr(self, "_started_ids", set())
         if keep_unstarted and not any(c.id in started for c in open_calls):
             return open_calls
         done = getattr(self, "_done_results", {})
@@ -417,7 +417,7 @@ class Driver:
     # -- Model ---------------------------------------------------------------------------
     def build_request(self) -> MessageRequest:
         ctx, cfg = self.ctx, self.ctx.config
-        tools = ()
+        tools: tuple[Any, ...] = ()
         if ctx.tools_enabled and len(ctx.tools):
             tools = ctx.tools.definitions(ctx.active_tools)
         return MessageRequest(
@@ -435,7 +435,8 @@ class Driver:
         ctx = self.ctx
         provider = provider or ctx.provider
         if not (ctx.config.stream and provider.capabilities.streaming):
-            return await provider.chat(request)
+            response: MessageResponse = await provider.chat(request)
+            return response
         final: MessageResponse | None = None
         wants = self.bus.wants(ModelStreamEvent)
         has_filters = bool(self.chain.hooks("on_model_event"))
@@ -451,7 +452,7 @@ class Driver:
                 if wants:
                     await self.bus.emit(ModelStreamEvent(ctx.session_id, ctx.turn, event))
         finally:
-            await stream.aclose()  # type: ignore[attr-defined]
+            await stream.aclose()
         if final is None:  # pragma: no cover - providers always end with MessageComplete or raise
             raise ProviderError("the stream ended without a complete message", provider=getattr(provider, "name", None))
         return final
@@ -546,7 +547,7 @@ class Driver:
         if inspect.isawaitable(outcome):
             outcome = await outcome
         if outcome is None or outcome is RUN_AGAIN:
-            return outcome  # type: ignore[no-any-return]
+            return outcome
         from ..tools.execution import result_blocks
 
         return ToolResultMessage(call.id, result_blocks(outcome), name=call.name, metadata={"reconciled": True})
@@ -710,7 +711,7 @@ class Driver:
         self._done_results[call.id] = result
         if self.bus.wants(ToolFinished):
             await self.bus.emit(ToolFinished(ctx.session_id, ctx.turn, call, result, time.monotonic() - started))
-        return result
+        return result  # type: ignore[no-any-return]
 
     # -- PostTurn ------------------------------------------------------------------------
     async def _post_turn(self) -> None:

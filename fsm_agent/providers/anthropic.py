@@ -390,7 +390,7 @@ class AnthropicStreamParser:
             if st is not None:
                 self._close(st, out)
         elif kind == "message_delta":
-            delta = payload.get("delta") if isinstance(payload.get("delta"), dict) else {}
+            delta: dict[str, Any] = payload["delta"] if isinstance(payload.get("delta"), dict) else {}
             raw = delta.get("stop_reason")
             if isinstance(raw, str) and raw:
                 self.partial.set_stop_reason(map_stop_reason(raw), raw)
@@ -401,7 +401,7 @@ class AnthropicStreamParser:
                 self._emit(out, RefusalDelta(refusal))
             self._add_usage(payload.get("usage"), out)
         elif kind == "message_start":
-            msg = payload.get("message") if isinstance(payload.get("message"), dict) else {}
+            msg: dict[str, Any] = payload["message"] if isinstance(payload.get("message"), dict) else {}
             self._emit(out, MessageStart(str(msg.get("id") or ""), str(msg.get("model") or "")))
             self.partial.extra.update((k, v) for k in _EXTRA_KEYS if (v := msg.get(k)) is not None)
             self._add_usage(msg.get("usage"), out)

@@ -166,7 +166,7 @@ class RetryPolicy:
         deadline = call_deadline.get()
         if deadline is not None and time.monotonic() + wait > deadline:
             return None
-        return wait
+        return float(wait)
 
 
 @frozen
@@ -339,7 +339,7 @@ class HttpProvider(Provider):
     def prepare(self, request: MessageRequest) -> MessageRequest:
         """Fill the model and apply the constrained tool mode."""
         if not request.model:
-            request = evolve(request, model=self.model)
+            request = evolve(request, model=self.model or "")
         if self.tool_mode is ToolMode.CONSTRAINED and request.tools:
             from .constrained import constrain_request
 

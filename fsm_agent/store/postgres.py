@@ -88,7 +88,7 @@ class PostgresStore(Store):
     async def pool(self) -> Any:
         if self._pool is None:
             try:
-                import asyncpg
+                import asyncpg  # type: ignore[import-untyped]
             except ImportError:
                 raise ConfigurationError("PostgresStore needs asyncpg: pip install 'fsm-agent[postgres]'") from None
             self._pool = await asyncpg.create_pool(self.dsn, min_size=self.min_size, max_size=self.max_size)
@@ -224,7 +224,7 @@ class PostgresStore(Store):
             f"UPDATE sessions SET lease_owner=$2, lease_until={_NOW} + $3 WHERE session_id=$1 AND "
             f"(lease_owner IS NULL OR lease_owner=$2 OR lease_until IS NULL OR lease_until < {_NOW})",
             session_id, owner, ttl)
-        return status == "UPDATE 1"
+        return bool(status == "UPDATE 1")
 
     async def release_lease(self, session_id: str, owner: str) -> None:
         pool = await self.pool()
