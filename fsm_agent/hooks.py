@@ -7,6 +7,7 @@ plain callable that receives every event:
 * ``on_model_event(ModelStreamEvent)`` — text/thinking/tool-call deltas of the current model call;
 * ``on_tool_started(ToolStarted)`` / ``on_tool_finished(ToolFinished)``;
 * ``on_budget_warning(BudgetWarning)``;
+* ``on_approval_requested(ApprovalRequested)`` — tool calls wait for a person;
 * ``on_event(event)`` — everything, after the specific method.
 
 Methods may be sync or async. Observers run in registration order; an async
@@ -23,7 +24,15 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from .errors import ConfigurationError
-from .types.events import BudgetWarning, ModelStreamEvent, ObserverEvent, ToolFinished, ToolStarted, TransitionEvent
+from .types.events import (
+    ApprovalRequested,
+    BudgetWarning,
+    ModelStreamEvent,
+    ObserverEvent,
+    ToolFinished,
+    ToolStarted,
+    TransitionEvent,
+)
 
 __all__ = ["HookBus", "Observer"]
 
@@ -35,6 +44,7 @@ _METHOD = {
     ToolStarted: "on_tool_started",
     ToolFinished: "on_tool_finished",
     BudgetWarning: "on_budget_warning",
+    ApprovalRequested: "on_approval_requested",
 }
 
 
@@ -50,6 +60,8 @@ class Observer:
     def on_tool_finished(self, event: ToolFinished) -> Any: ...
 
     def on_budget_warning(self, event: BudgetWarning) -> Any: ...
+
+    def on_approval_requested(self, event: ApprovalRequested) -> Any: ...
 
 
 class HookBus:

@@ -69,7 +69,13 @@ async def waiting(store: Any) -> tuple[Agent, Any]:
 
 
 async def test_waiting_human_names_the_pending_call_and_nothing_ran(store_kind) -> None:
-    _, result = await waiting(store_kind)
+    from fsm_agent.types import ApprovalRequested
+
+    asked: list[ApprovalRequested] = []
+    agent = make(store_kind, [email_call(), "All done."])
+    agent.hooks = type(agent.hooks)([type("Obs", (), {"on_approval_requested": lambda self, e: asked.append(e)})()])
+    result = await agent.run("mail ann", session_id="s1")
+    assert [p.call.id for e in asked for p in e.pending] == ["call_mail"]
     (p,) = result.stop.pending_actions
     assert p.call.id == "call_mail" and p.reason == "e-mails need a person's approval"
     assert result.stop.last_safe_point == "MidTurn" and result.stop.resumable and result.stop.checkpoint_id

@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from fsm_agent.errors import ExtraTypeError
 from fsm_agent.types import (
+    ApprovalRequested,
     AssistantMessage,
     AudioBlock,
     BudgetWarning,
@@ -114,7 +115,8 @@ def test_requests_responses_runs_and_observer_events_round_trip() -> None:
     assert loads(dumps(run), RunResult) == run
     for ev in [TransitionEvent("s", 1, "PreTurn", "call_model", "Model", "r", 1.0),
                ModelStreamEvent("s", 1, TextDelta(0, "x")), ToolStarted("s", 1, CALL),
-               ToolFinished("s", 1, CALL, MESSAGES[4], 0.1), BudgetWarning("s", 1, "tokens", 80, 100)]:
+               ToolFinished("s", 1, CALL, MESSAGES[4], 0.1), BudgetWarning("s", 1, "tokens", 80, 100),
+               ApprovalRequested("s", 2, (PendingAction(CALL, "approval required"),))]:
         assert loads(dumps(ev), ObserverEvent) == ev
 
 

@@ -55,7 +55,7 @@ from ..tools.execution import execute_tool_call, idempotency_key
 from ..tools.registry import RUN_AGAIN, ToolContext, ToolEffect
 from ..types.codec import structure, unstructure
 from ..types.content import ToolUseBlock
-from ..types.events import ModelStreamEvent, ToolFinished, ToolStarted, TransitionEvent
+from ..types.events import ApprovalRequested, ModelStreamEvent, ToolFinished, ToolStarted, TransitionEvent
 from ..types.messages import AssistantMessage, Message, ModelStopReason, ToolResultMessage, Usage, UserMessage
 from ..types.requests import MessageRequest, MessageResponse
 from ..types.run import PendingAction, RunResult, RunStop, StopReason
@@ -642,6 +642,8 @@ class Driver:
             else:
                 await self._ledger(decided, LedgerStatus.APPROVED)
                 to_run.append(decided)
+        if pending and self.bus.wants(ApprovalRequested):
+            await self.bus.emit(ApprovalRequested(ctx.session_id, ctx.turn, tuple(pending)))
         if pending and ctx.config.approval_timeout and self.journal is not None:
             pending, more = await self._hang_wait(pending)
             for call, run_call, res in more:

@@ -12,7 +12,15 @@ from .content import (
     ToolResultBlock,
     ToolUseBlock,
 )
-from .events import BudgetWarning, ModelStreamEvent, ObserverEvent, ToolFinished, ToolStarted, TransitionEvent
+from .events import (
+    ApprovalRequested,
+    BudgetWarning,
+    ModelStreamEvent,
+    ObserverEvent,
+    ToolFinished,
+    ToolStarted,
+    TransitionEvent,
+)
 from .messages import (
     AssistantMessage,
     Message,
@@ -45,6 +53,7 @@ from .stream import (
 from .tokens import count_message_tokens, count_tokens, estimate_request_tokens
 
 __all__ = [
+    "ApprovalRequested",
     "AssistantMessage",
     "AudioBlock",
     "BudgetWarning",

@@ -12,9 +12,11 @@ from attrs import frozen
 
 from .content import ToolUseBlock
 from .messages import ToolResultMessage
+from .run import PendingAction
 from .stream import StreamEvent
 
 __all__ = [
+    "ApprovalRequested",
     "BudgetWarning",
     "ModelStreamEvent",
     "ObserverEvent",
@@ -86,4 +88,15 @@ class BudgetWarning:
     limit: float
 
 
-ObserverEvent = Union[TransitionEvent, ModelStreamEvent, ToolStarted, ToolFinished, BudgetWarning]
+@frozen
+class ApprovalRequested:
+    """Tool calls wait for a person's decision (the run stops WAITING_HUMAN, or waits in process
+    with Hang-Wait)."""
+
+    TAG: ClassVar[str] = "approval_requested"
+    session_id: str
+    turn: int
+    pending: tuple[PendingAction, ...]
+
+
+ObserverEvent = Union[TransitionEvent, ModelStreamEvent, ToolStarted, ToolFinished, BudgetWarning, ApprovalRequested]
