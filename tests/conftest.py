@@ -134,3 +134,14 @@ async def store(request, tmp_path):
         s = PostgresStore(request.getfixturevalue("postgres_dsn"))
     yield s
     await s.close()
+
+
+@pytest.fixture
+async def local_provider(llama_server):
+    """A provider for the real local llama.cpp server (profile ``llamacpp``: constrained tool calling)."""
+    from fsm_agent import create_provider
+    from fsm_agent.providers import ProviderConfig
+
+    provider = create_provider("llamacpp", ProviderConfig(base_url=llama_server.base_url))
+    yield provider
+    await provider.aclose()

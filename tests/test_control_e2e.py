@@ -93,18 +93,13 @@ class FollowupDuringFirstCall(Middleware):
 
 
 # -- on the real local llama.cpp server ---------------------------------------------------------------
-@pytest.fixture
-async def llama(llama_server):
-    provider = create_provider("llamacpp", ProviderConfig(base_url=llama_server.base_url))
-    yield provider
-    await provider.aclose()
 
 
 @pytest.mark.llama
-async def test_llama_interrupt_mid_stream_then_resume(llama, tmp_path) -> None:
+async def test_llama_interrupt_mid_stream_then_resume(local_provider, tmp_path) -> None:
     watcher = FirstDelta()
     store = SQLiteStore(tmp_path / "s.db")
-    agent = Agent(llama, store=store, observers=[watcher], control_poll=0.05,
+    agent = Agent(local_provider, store=store, observers=[watcher], control_poll=0.05,
                   config=RunConfig(max_output_tokens=400))
     result = await interrupt_after_first_delta(agent, "Write a long story about a lighthouse keeper.", "li")
     assert result.stop.reason is StopReason.INTERRUPTED and result.stop.resumable
@@ -114,9 +109,9 @@ async def test_llama_interrupt_mid_stream_then_resume(llama, tmp_path) -> None:
 
 
 @pytest.mark.llama
-async def test_llama_steer(llama) -> None:
+async def test_llama_steer(local_provider) -> None:
     ref: list[Agent] = []
-    agent = Agent(llama, tools=[reserve], config=RunConfig(tool_choice="required", max_iterations=2,
+    agent = Agent(local_provider, tools=[reserve], config=RunConfig(tool_choice="required", max_iterations=2,
                                                             max_output_tokens=60),
                   middleware=[SteerAtFirstTool(ref, "reserve a bicycle instead")])
     ref.append(agent)
@@ -132,9 +127,9 @@ async def test_llama_steer(llama) -> None:
 
 
 @pytest.mark.llama
-async def test_llama_followup(llama) -> None:
+async def test_llama_followup(local_provider) -> None:
     ref: list[Agent] = []
-    agent = Agent(llama, middleware=[FollowupDuringFirstCall(ref, "Now say it in French.")],
+    agent = Agent(local_provider, middleware=[FollowupDuringFirstCall(ref, "Now say it in French.")],
                   config=RunConfig(max_output_tokens=40))
     ref.append(agent)
     result = await agent.run("Say hello in English.", session_id="lf")
@@ -146,10 +141,10 @@ async def test_llama_followup(llama) -> None:
 
 
 @pytest.mark.llama
-async def test_llama_cancel_runs_compensation(llama) -> None:
+async def test_llama_cancel_runs_compensation(local_provider) -> None:
     COMPENSATED.clear()
     ref: list[Agent] = []
-    agent = Agent(llama, tools=[reserve], middleware=[CancelAfterTool(ref)],
+    agent = Agent(local_provider, tools=[reserve], middleware=[CancelAfterTool(ref)],
                   config=RunConfig(tool_choice="required", max_output_tokens=60))
     ref.append(agent)
     result = await agent.run("Reserve a table for two.", session_id="lc")

@@ -15,8 +15,7 @@ import sys
 import pytest
 
 from conftest import Recorder
-from fsm_agent import Agent, RunConfig, StopReason, create_provider
-from fsm_agent.providers import ProviderConfig
+from fsm_agent import Agent, RunConfig, StopReason
 from fsm_agent.providers.constrained import tool_call_schema
 from fsm_agent.tools.demo import calculator
 from fsm_agent.types import MessageRequest, TextDelta, ToolResultMessage, ToolUseBlock, UserMessage
@@ -64,11 +63,6 @@ async def test_calculator_run_passes_mid_turn_with_the_models_arguments() -> Non
     assert "Traceback" not in err
 
 
-@pytest.fixture
-async def local_provider(llama_server):
-    provider = create_provider("llamacpp", ProviderConfig(base_url=llama_server.base_url))
-    yield provider
-    await provider.aclose()
 
 
 async def test_streaming_text_arrives_in_several_deltas(local_provider) -> None:

@@ -21,11 +21,10 @@ from fsm_agent import (
     ScriptedProvider,
     StopReason,
     ToolResultMessage,
-    create_provider,
     tool,
 )
 from fsm_agent.control import Decision
-from fsm_agent.providers import ProviderConfig, tool_call_response
+from fsm_agent.providers import tool_call_response
 from fsm_agent.tools.demo import calculator
 from middleware.approval import DECISIONS, DecisionError, HumanApproval, Resolution, apply_decisions
 from middleware.tool_policy import ToolPolicy
@@ -207,11 +206,6 @@ def test_repr_shows_the_options() -> None:
 
 
 # -- the real local model ------------------------------------------------------------------------
-@pytest.fixture
-async def local_provider(llama_server: Any) -> Any:
-    provider = create_provider("llamacpp", ProviderConfig(base_url=llama_server.base_url))
-    yield provider
-    await provider.aclose()
 
 
 @pytest.mark.llama

@@ -18,11 +18,10 @@ from fsm_agent import (
     StopReason,
     ToolResultMessage,
     UserMessage,
-    create_provider,
     tool,
 )
 from fsm_agent.pricing import Price, register_price
-from fsm_agent.providers import ProviderConfig, text_response, tool_call_response
+from fsm_agent.providers import text_response, tool_call_response
 from fsm_agent.tools.demo import calculator
 from fsm_agent.types import BudgetWarning, Usage
 from middleware.budget import DEFAULT_WRAP_UP_MESSAGE, Budget
@@ -259,11 +258,6 @@ def test_repr_shows_the_options() -> None:
 # -- the real local model ----------------------------------------------------------------------
 
 
-@pytest.fixture
-async def local_provider(llama_server: Any) -> Any:
-    provider = create_provider("llamacpp", ProviderConfig(base_url=llama_server.base_url))
-    yield provider
-    await provider.aclose()
 
 
 @pytest.mark.llama

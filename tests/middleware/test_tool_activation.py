@@ -18,9 +18,8 @@ from fsm_agent import (
     StopReason,
     Tool,
     ToolResultMessage,
-    create_provider,
 )
-from fsm_agent.providers import ProviderConfig, tool_call_response
+from fsm_agent.providers import tool_call_response
 from fsm_agent.tools.demo import calculator, clock
 from middleware.budget import Budget
 from middleware.tool_activation import ToolActivation
@@ -191,11 +190,6 @@ def test_repr_shows_the_options() -> None:
 
 
 # -- the real local model ------------------------------------------------------------------------
-@pytest.fixture
-async def local_provider(llama_server: Any) -> Any:
-    provider = create_provider("llamacpp", ProviderConfig(base_url=llama_server.base_url))
-    yield provider
-    await provider.aclose()
 
 
 @pytest.mark.llama

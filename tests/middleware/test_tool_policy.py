@@ -24,10 +24,9 @@ from fsm_agent import (
     ScriptedProvider,
     StopReason,
     ToolResultMessage,
-    create_provider,
     tool,
 )
-from fsm_agent.providers import ProviderConfig, tool_call_response
+from fsm_agent.providers import tool_call_response
 from fsm_agent.tools.demo import calculator
 from middleware.approval import HumanApproval
 from middleware.budget import Budget
@@ -256,11 +255,6 @@ def test_rules_given_in_code_are_validated_the_same_way() -> None:
 
 
 # -- the real local model ------------------------------------------------------------------------
-@pytest.fixture
-async def local_provider(llama_server: Any) -> Any:
-    provider = create_provider("llamacpp", ProviderConfig(base_url=llama_server.base_url))
-    yield provider
-    await provider.aclose()
 
 
 @pytest.mark.llama

@@ -16,11 +16,10 @@ from fsm_agent import (
     StopReason,
     SystemMessage,
     UserMessage,
-    create_provider,
     tool,
 )
 from fsm_agent.errors import AuthenticationError, ServerError
-from fsm_agent.providers import ProviderConfig, tool_call_response
+from fsm_agent.providers import tool_call_response
 from fsm_agent.types import ModelStreamEvent, TextDelta, Usage
 from middleware.redaction import Redaction
 from middleware.verifier import GRADER_INSTRUCTIONS, VERDICT_FORMAT, ModelGrader, Verdict, Verifier, parse_verdict
@@ -188,15 +187,10 @@ def test_repr_and_validation() -> None:
         Verifier(must_be_42, on_exhausted="retry")
 
 
-@pytest.fixture
-async def llama(llama_server: Any) -> Any:
-    provider = create_provider("llamacpp", ProviderConfig(base_url=llama_server.base_url))
-    yield provider
-    await provider.aclose()
 
 
 @pytest.mark.llama
-async def test_callable_check_on_the_real_local_model(llama: Any) -> None:
+async def test_callable_check_on_the_real_local_model(local_provider: Any) -> None:
     answers: list[str] = []
 
     def second_answer_passes(ctx: Any) -> Verdict:
@@ -206,7 +200,7 @@ async def test_callable_check_on_the_real_local_model(llama: Any) -> None:
         return Verdict(True, "second answer accepted", ("check:second-accepted",))
 
     # no tools: the tiny model, offered one, keeps calling it and never ends a turn to be judged
-    result, _ = await run(llama, Verifier(second_answer_passes), task="What is the capital of France?",
+    result, _ = await run(local_provider, Verifier(second_answer_passes), task="What is the capital of France?",
                           tools=(), max_output_tokens=40, temperature=0.0, max_wall_clock=200.0)
     assert result.stop.reason is StopReason.COMPLETED and result.turns == 2
     assert len(answers) == 2 and all(a.strip() for a in answers)
@@ -216,8 +210,8 @@ async def test_callable_check_on_the_real_local_model(llama: Any) -> None:
 
 
 @pytest.mark.llama
-async def test_model_graded_verdict_from_the_real_local_model(llama: Any) -> None:
-    mg = ModelGrader(llama)
+async def test_model_graded_verdict_from_the_real_local_model(local_provider: Any) -> None:
+    mg = ModelGrader(local_provider)
     result, ctx = await run(ScriptedProvider(["Paris is the capital of France."]),
                             Verifier(mg, max_rejections=0, on_exhausted="fail"), task="What is the capital of France?",
                             tools=())
