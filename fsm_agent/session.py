@@ -63,6 +63,8 @@ class Journal:
     owner: str | None = None
     """Lease owner: writes are fenced to it."""
     buffer: list[EventRecord] = field(factory=list)
+    queued_ledger: dict[str, LedgerEntry] = field(factory=dict)
+    """Ledger entries that may wait for the next commit (see :meth:`ledger`)."""
     last_checkpoint: str | None = None
     _lock: asyncio.Lock = field(factory=asyncio.Lock)
     """Serializes commits: parallel tool calls write their ledger entries concurrently."""
@@ -71,8 +73,10 @@ class Journal:
         """Buffer one event; returns its seq."""
         seq = self.next_seq
         self.next_seq += 1
+        # (session_id, seq) is unique, so the event id is derived from it rather than drawn at random
         self.buffer.append(EventRecord(self.session_id, seq, type, payload,
-                                       f"{self.session_id}:{turn}" if turn else None, time.time()))
+                                       f"{self.session_id}:{turn}" if turn else None, time.time(),
+                                       f"{self.session_id}:{seq}"))
         return seq
 
     def message(self, message: Message, turn: int) -> None:
@@ -86,13 +90,19 @@ class Journal:
             LeaseLost: another worker took the session over.
         """
         async with self._lock:
-            if not self.buffer and checkpoint is None and not ledger and state is None and stop is None:
+            if (not self.buffer and checkpoint is None and not ledger and not self.queued_ledger and state is None
+                    and stop is None):
                 return
             events, self.buffer = tuple(self.buffer), []
+            queued, self.queued_ledger = self.queued_ledger, {}
+            for entry in ledger:
+                queued[entry.call_id] = entry
             try:
-                await self.store.write(WriteBatch(self.session_id, events, checkpoint, ledger, state, stop, self.owner))
+                await self.store.write(WriteBatch(self.session_id, events, checkpoint, tuple(queued.values()), state,
+                                                  stop, self.owner))
             except BaseException:
                 self.buffer = list(events) + self.buffer
+                self.queued_ledger = {**queued, **self.queued_ledger}
                 raise
             if checkpoint is not None:
                 self.last_checkpoint = checkpoint.checkpoint_id
@@ -118,9 +128,14 @@ class Journal:
         }
         return Checkpoint(new_id(), self.session_id, self.next_seq - 1, safe_point, data)
 
-    async def ledger(self, *entries: LedgerEntry) -> None:
-        """Write ledger entries (and buffered events) durably now."""
-        await self.flush(ledger=tuple(entries))
+    async def ledger(self, *entries: LedgerEntry, durable: bool = True) -> None:
+        """Write ledger entries (and buffered events) durably now, or, with ``durable=False``, with the
+        next commit (for states whose loss a crash makes harmless: a pure tool simply runs again)."""
+        if durable:
+            await self.flush(ledger=tuple(entries))
+        else:
+            for entry in entries:
+                self.queued_ledger[entry.call_id] = entry
 
 
 def ledger_entry(ctx: RunContext, call: ToolUseBlock, status: LedgerStatus, *, effect: str = "pure",

@@ -523,18 +523,24 @@ class Driver:
             ctx.cost_usd = None if cost is None else ctx.cost_usd + cost
 
     # -- MidTurn -------------------------------------------------------------------------
-    async def _ledger(self, call: ToolUseBlock, status: LedgerStatus, result: ToolResultMessage | None = None) -> None:
+    def _effect(self, call: ToolUseBlock) -> ToolEffect:
+        tool = self.ctx.tools.get(call.name)
+        return tool.effect if tool is not None else ToolEffect.PURE
+
+    async def _ledger(self, call: ToolUseBlock, status: LedgerStatus, result: ToolResultMessage | None = None,
+                      *, durable: bool | None = None) -> None:
+        """Record a ledger state. By default it is written at once for calls with effects (``idempotent``,
+        ``side_effect``) and with the next commit for ``pure`` ones, which a crash can only make run again."""
         j = self.journal
         if j is None:
             return
         from ..session import ledger_entry
 
-        tool = self.ctx.tools.get(call.name)
-        effect = tool.effect.value if tool is not None else ToolEffect.PURE.value
-        entry = ledger_entry(self.ctx, call, status, effect=effect, result=result)
+        effect = self._effect(call)
+        entry = ledger_entry(self.ctx, call, status, effect=effect.value, result=result)
         self.ctx.ledger[call.id] = entry
         j.record("tool_call", {"call_id": call.id, "tool": call.name, "status": status.value}, self.ctx.turn)
-        await j.ledger(entry)
+        await j.ledger(entry, durable=effect is not ToolEffect.PURE if durable is None else durable)
 
     async def _reconcile(self, call: ToolUseBlock) -> Any:
         """A side-effect call found started but unfinished after a crash: ask its tool what happened."""
@@ -610,13 +616,13 @@ class Driver:
                     continue
                 to_run.append(call)  # pure / idempotent: running again is safe (same idempotency key)
                 continue
-            if decision is not None:
+            if decision is not None:  # a person's decision is written at once, whatever the tool
                 run_call, res = self._decided(call, decision)
                 if res is not None:
-                    await self._ledger(call, LedgerStatus.REJECTED, res)
+                    await self._ledger(call, LedgerStatus.REJECTED, res, durable=True)
                     results[call.id] = res
                 elif run_call is not None:
-                    await self._ledger(run_call, LedgerStatus.APPROVED)
+                    await self._ledger(run_call, LedgerStatus.APPROVED, durable=True)
                     to_run.append(run_call)
                     approved[call.id] = decision
                 continue
@@ -637,10 +643,10 @@ class Driver:
             if ask is not None:
                 pending.append(PendingAction(decided, ask.reason, ask.allowed_decisions))
             elif final is not None:
-                await self._ledger(call, LedgerStatus.REJECTED, final)
+                await self._ledger(call, LedgerStatus.REJECTED, final, durable=False)
                 results[call.id] = final
             else:
-                await self._ledger(decided, LedgerStatus.APPROVED)
+                await self._ledger(decided, LedgerStatus.APPROVED, durable=False)
                 to_run.append(decided)
         if pending and self.bus.wants(ApprovalRequested):
             await self.bus.emit(ApprovalRequested(ctx.session_id, ctx.turn, tuple(pending)))
@@ -666,6 +672,12 @@ class Driver:
                             last_safe_point=Phase.MID_TURN.value)
             return
         if to_run:
+            # STARTED for every call with effects, in one transaction, before any of them starts
+            for c in to_run:
+                await self._ledger(c, LedgerStatus.STARTED, durable=False)
+                self._started_ids.add(c.id)
+            if self.journal is not None and any(self._effect(c) is not ToolEffect.PURE for c in to_run):
+                await self.journal.flush()
             for r in await asyncio.gather(*(self._run_tool(c) for c in to_run)):
                 results[r.tool_call_id] = r
         for call in calls:
@@ -698,8 +710,6 @@ class Driver:
         ctx = self.ctx
         ctx.tool_calls_made += 1
         ctx.tool_call_counts[call.name] = ctx.tool_call_counts.get(call.name, 0) + 1
-        await self._ledger(call, LedgerStatus.STARTED)
-        self._started_ids.add(call.id)
         if self.bus.wants(ToolStarted):
             await self.bus.emit(ToolStarted(ctx.session_id, ctx.turn, call))
         started = time.monotonic()

@@ -263,6 +263,8 @@ class SQLiteStore(Store):
                          (record.control_id, record.session_id, record.kind.value, record.text, record.ts))
 
     async def take_controls(self, session_id: str, kinds: Sequence[ControlKind]) -> list[ControlRecord]:
+        if not await self.peek_controls(session_id, kinds):  # the common case takes no write lock
+            return []
         db = self._db
         marks = ",".join("?" * len(kinds))
         db.execute("BEGIN IMMEDIATE")
