@@ -79,7 +79,6 @@ STOP_TRIGGERS: dict[StopReason, Trigger] = {
 }
 """The trigger that moves a phase to each terminal state."""
 
-_SAFE_POINTS = (Phase.PRE_TURN, Phase.MID_TURN)
 _MIDPHASE_CONTROLS = (ControlKind.INTERRUPT, ControlKind.CANCEL)
 
 
@@ -139,7 +138,9 @@ class Driver:
         if j is not None:
             j.record("transition", {"from": before.value, "trigger": trigger.value, "to": after.value,
                                     "reason": reason}, ctx.turn)
-            if after in _SAFE_POINTS:
+            if after is Phase.PRE_TURN or (after is Phase.MID_TURN and not self._all_pure(ctx.pending_calls)):
+                # A MidTurn checkpoint pins the model's tool calls before any of them runs; when every
+                # call is pure, a crash can only make the model answer again, so it rides the next commit.
                 await j.flush(checkpoint=j.checkpoint(ctx, after.value), state=after.value)
             elif isinstance(after, StopReason):
                 assert self.stop is not None
@@ -523,6 +524,9 @@ class Driver:
             ctx.cost_usd = None if cost is None else ctx.cost_usd + cost
 
     # -- MidTurn -------------------------------------------------------------------------
+    def _all_pure(self, calls: list[ToolUseBlock]) -> bool:
+        return all(self._effect(c) is ToolEffect.PURE for c in calls)
+
     def _effect(self, call: ToolUseBlock) -> ToolEffect:
         tool = self.ctx.tools.get(call.name)
         return tool.effect if tool is not None else ToolEffect.PURE

@@ -41,7 +41,7 @@ def _eval(node: ast.AST) -> Any:
     raise ValueError(f"unsupported expression element: {ast.dump(node)[:60]}")
 
 
-@tool
+@tool(blocking=False)
 def calculator(expression: str) -> str:
     """Evaluate an arithmetic expression and return the result.
 

@@ -86,6 +86,9 @@ async def execute_tool_call(
     kwargs = t.bind(call.input, ctx)
     limit = t.timeout if timeout is None else timeout
     try:
+        if not t.is_async and not t.blocking:
+            value = t.fn(**kwargs)  # a quick CPU-only tool: no thread hop (its timeout cannot apply)
+            return ToolResultMessage(call.id, result_blocks(value), name=call.name)
         if t.is_async:
             coro: Awaitable[Any] = t.fn(**kwargs)
         else:

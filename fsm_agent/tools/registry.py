@@ -180,7 +180,7 @@ class Tool:
     checks arguments against the schema first.
     """
 
-    __slots__ = ("name", "description", "parameters", "fn", "is_async", "timeout", "effect",
+    __slots__ = ("name", "description", "parameters", "fn", "is_async", "timeout", "effect", "blocking",
                  "_validator", "_context_param", "_param_names", "reconcile", "compensate", "strict")
 
     def __init__(
@@ -193,8 +193,10 @@ class Tool:
         timeout: float | None = DEFAULT_TOOL_TIMEOUT,
         effect: ToolEffect | str = ToolEffect.PURE,
         strict: bool | None = None,
+        blocking: bool = True,
     ) -> None:
         self.fn = fn
+        self.blocking = blocking
         self.name = name or fn.__name__
         if not _NAME.match(self.name):
             raise ToolDefinitionError(f"tool name {self.name!r} must match {_NAME.pattern}")
@@ -303,7 +305,7 @@ def tool(fn: Callable[..., Any], /) -> Tool: ...
 @typing.overload
 def tool(
     *, name: str | None = None, description: str | None = None, timeout: float | None = DEFAULT_TOOL_TIMEOUT,
-    effect: ToolEffect | str = ToolEffect.PURE, strict: bool | None = None,
+    effect: ToolEffect | str = ToolEffect.PURE, strict: bool | None = None, blocking: bool = True,
 ) -> Callable[[Callable[..., Any]], Tool]: ...
 
 
@@ -316,6 +318,7 @@ def tool(
     timeout: float | None = DEFAULT_TOOL_TIMEOUT,
     effect: ToolEffect | str = ToolEffect.PURE,
     strict: bool | None = None,
+    blocking: bool = True,
 ) -> Tool | Callable[[Callable[..., Any]], Tool]:
     """Make a tool of a typed function; usable bare (``@tool``) or with options.
 
@@ -324,13 +327,16 @@ def tool(
         description: what the model reads (default: the docstring's summary).
         timeout: seconds one call may take (default 600, seed 000); ``None``: no limit.
         effect: ``pure`` (default), ``idempotent`` or ``side_effect``.
+        blocking: for a plain ``def`` tool, run it in a worker thread (default) so it cannot stall the
+            event loop; ``False`` runs it inline, for quick CPU-only tools (no thread hop, ~0.1 ms less).
 
     Raises:
         ToolDefinitionError: an annotation has no JSON Schema, or the name is invalid.
     """
 
     def wrap(f: Callable[..., Any]) -> Tool:
-        return Tool(f, name=name, description=description, timeout=timeout, effect=effect, strict=strict)
+        return Tool(f, name=name, description=description, timeout=timeout, effect=effect, strict=strict,
+                    blocking=blocking)
 
     return wrap(fn) if fn is not None else wrap
 

@@ -201,3 +201,24 @@ def test_tool_with_explicit_schema() -> None:
     t.validate({"q": "x"})
     with pytest.raises(ToolDefinitionError, match="invalid JSON Schema"):
         Tool(lambda: None, name="bad", parameters={"type": 12})
+
+
+async def test_non_blocking_sync_tools_run_inline_and_still_report_failures() -> None:
+    import threading
+
+    loop_thread = threading.get_ident()
+
+    @tool(blocking=False)
+    def where() -> bool:
+        """Which thread."""
+        return threading.get_ident() == loop_thread
+
+    @tool(blocking=False)
+    def fails() -> None:
+        """Fail."""
+        raise RuntimeError("inline failure")
+
+    reg = ToolRegistry([where, fails])
+    assert (await execute_tool_call(ToolUseBlock("a", "where", {}), reg)).text == "true"
+    r = await execute_tool_call(ToolUseBlock("b", "fails", {}), reg)
+    assert r.is_error and r.text == "Tool 'fails' failed: RuntimeError: inline failure"
