@@ -1,4 +1,5 @@
-"""Loaders for ../shared/corpus: every recording format of SOURCES.md, and the extracted bodies.
+"""Loaders for the recorded corpus (tests/data/shared/corpus, or ``$FSM_AGENT_SHARED/corpus``): every
+recording format of SOURCES.md, and the extracted bodies.
 
 * :func:`bodies` — every recorded response (``corpus/bodies/MANIFEST.tsv``): status,
   content type, protocol, streaming flag, exact bytes.
@@ -21,7 +22,7 @@ from typing import Any
 
 import yaml
 
-ROOT = Path(os.environ.get("FSM_AGENT_SHARED", Path(__file__).resolve().parents[2] / "shared"))
+ROOT = Path(os.environ.get("FSM_AGENT_SHARED", Path(__file__).resolve().parent / "data" / "shared"))
 CORPUS = ROOT / "corpus"
 CASES = ROOT / "cases"
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,7 +16,7 @@ from fsm_agent.types import Message, RunResult, ToolResultMessage, ToolUseBlock,
 from middleware.loop_detection import NOTICE_PREFIX, LoopDetection, call_identity, find_repetition
 from middleware.repair import MessageRepair
 
-CASES = Path("/work/shared/cases")
+from corpus import CASES
 B22 = {c["name"]: c for c in json.loads((CASES / "B22.json").read_text())["cases"]}
 B22_WANT = json.loads((CASES / "B22.expected.json").read_text())
 

@@ -4,7 +4,6 @@ B01, B02, B04 (and the B20 tighter re-trim), and MessageRepair inside real runs.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -37,7 +36,7 @@ from middleware.repair import (
     truncate_old_tool_results,
 )
 
-CASES = Path("/work/shared/cases")
+from corpus import CASES
 ANTHROPIC, OPENAI, GENERIC = RULES["anthropic"], RULES["openai-chat"], RULES["generic"]
 
 
