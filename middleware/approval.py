@@ -191,7 +191,9 @@ class HumanApproval(Middleware):
         ConfigurationError: neither ``tools`` nor ``when``, an unknown mode, or an unknown decision.
     """
 
-    ordering = Ordering(wrapped_by=("ToolPolicy",))
+    name = "approval"
+
+    ordering = Ordering(wrapped_by=("tool_policy",))
 
     def __init__(
         self,

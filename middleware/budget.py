@@ -140,7 +140,9 @@ class Budget(Middleware):
         ConfigurationError: a negative or non-numeric limit, or a threshold outside (0, 1].
     """
 
-    ordering = Ordering(wrapped_by=("ToolActivation", "ToolPolicy", "HumanApproval", "RetryFallback"))
+    name = "budget"
+
+    ordering = Ordering(wrapped_by=("tool_activation", "tool_policy", "approval", "retry"))
 
     def __init__(
         self,

@@ -127,6 +127,8 @@ class LoopDetection(Middleware):
         ValueError: an option out of range (at construction).
     """
 
+    name = "loop_detection"
+
     ordering = Ordering(position="innermost")
 
     def __init__(self, *, window: int = 12, max_pattern: int = 3, repeats: int = 3,
@@ -143,7 +145,7 @@ class LoopDetection(Middleware):
     def _state(self, ctx: RunContext) -> dict[str, Any]:
         st = ctx.state(self)
         if not st:  # history: executed _Steps; done: (seq, _Step) of this turn; order: id -> seqs
-            st.update(history=[], done=[], order={}, seq=0, warned=set(), blocked={}, events=[])
+            st.update(history=[], done=[], order={}, seq=0, warned=set(), blocked={}, events=[], seen=set())
         return st
 
     def _flush(self, st: dict[str, Any]) -> list[_Step]:
@@ -160,10 +162,37 @@ class LoopDetection(Middleware):
                                max_pattern=self.max_pattern, same_results=self.same_results)
 
     # -- hooks ------------------------------------------------------------------------------
+    def _unexecuted(self, ctx: RunContext, st: dict[str, Any]) -> None:
+        """Record the last turn's calls that another middleware answered without running them (a
+        policy denial, a response): the same denied call proposed again and again is a loop too."""
+        last = ctx.last_response
+        if last is None or not last.tool_calls:
+            return
+        results = {m.tool_call_id: m for m in ctx.transcript[-len(last.tool_calls) - 1:]
+                   if isinstance(m, ToolResultMessage)}
+        for call in last.tool_calls:
+            if call.id in st["seen"] or call.id not in results:
+                continue
+            st["seen"].add(call.id)
+            st["seq"] += 1
+            st["done"].append((st["seq"], _step(call, results[call.id])))
+
     def pre_turn(self, ctx: RunContext) -> None:
         st = self._state(ctx)
+        self._unexecuted(ctx, st)
         history = self._flush(st)
         st["order"].clear()
+        stuck = self._find(history, self.repeats + self.max_blocks)
+        if stuck is not None:  # only calls others denied can get here: ours are blocked before
+            last = history[-stuck:]
+            st["events"].append({"action": "stop", "turn": ctx.turn + 1, "pattern": _labels(last)})
+            raise StopRun(
+                StopReason.FAILED_TERMINAL,
+                f"loop detected: {' -> '.join(_labels(last))} was proposed {self.repeats + self.max_blocks} times "
+                f"in a row with the same result each time ({'; '.join(repr(s.preview) for s in last)}), so the run "
+                "was stopped before spending its budget",
+                error={"kind": "loop_detected", "pattern": _labels(last), "blocked": 0,
+                       "executed_in_loop": 0})
         length = self._find(history, self.repeats - 1)
         if length is None or _loop_key(history[-length:]) in st["warned"]:
             return
@@ -205,6 +234,7 @@ class LoopDetection(Middleware):
                        "executed_in_loop": self.repeats * length - 1})
         if blocked_turn < ctx.turn:  # several denials in one model turn count once
             st["blocked"][key] = (count + 1, ctx.turn)
+        st["seen"].add(call.id)
         st["events"].append({"action": "block", "turn": ctx.turn, "pattern": _labels(pattern)})
         return Deny(f"loop detected: {loop}; it was not run again. Do not repeat it: use the "
                     "result you have, change the arguments or the approach, or give your final "
@@ -214,6 +244,7 @@ class LoopDetection(Middleware):
                              ctx: RunContext) -> ToolResultMessage:
         result = await call_next(call)
         st = self._state(ctx)
+        st["seen"].add(call.id)
         pending = st["order"].get(call.id)
         if pending:
             seq = pending.pop(0)

@@ -259,7 +259,9 @@ class Redaction(Middleware):
     that received originals: ``{"call_id", "tool", "placeholders"}``).
     """
 
-    ordering = Ordering(position="innermost", wrapped_by=("LoopDetection", "MessageRepair"))
+    name = "redaction"
+
+    ordering = Ordering(position="innermost", wrapped_by=("loop_detection", "repair"))
 
     def __init__(
         self,

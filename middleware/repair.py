@@ -349,6 +349,8 @@ class MessageRepair(Middleware):
         ValueError: an option out of range (at construction).
     """
 
+    name = "repair"
+
     ordering = Ordering(position="innermost")
 
     def __init__(self, *, max_context_tokens: int | None = None, output_reserve_tokens: int = 4096,

@@ -88,6 +88,8 @@ class RetryFallback(Middleware):
         ValueError: an attempt count below 1 or a negative delay.
     """
 
+    name = "retry"
+
     def __init__(
         self,
         *,

@@ -86,7 +86,9 @@ class ToolActivation(Middleware):
             beyond ``always_on``.
     """
 
-    ordering = Ordering(wraps=("ToolPolicy", "HumanApproval", "Budget"))
+    name = "tool_activation"
+
+    ordering = Ordering(wraps=("tool_policy", "approval", "budget"))
 
     def __init__(
         self,

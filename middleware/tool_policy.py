@@ -318,7 +318,9 @@ class ToolPolicy(Middleware):
         PolicyError: any rule is invalid (every problem is listed, with its rule number).
     """
 
-    ordering = Ordering(wraps=("HumanApproval", "Budget"))
+    name = "tool_policy"
+
+    ordering = Ordering(wraps=("approval", "budget"))
 
     def __init__(self, rules: Sequence[Mapping[str, Any] | Rule] = (), *, default: str = "deny",
                  source: str = "<rules>") -> None:

@@ -224,6 +224,8 @@ class Verifier(Middleware):
         ValueError: ``on_exhausted`` is not ``"human"`` or ``"fail"``, or ``max_rejections`` < 0.
     """
 
+    name = "verifier"
+
     def __init__(self, check: Check, *, max_rejections: int = 2, on_exhausted: str = "human",
                  feedback_template: str = "Your answer did not pass verification: {feedback}\n"
                                           "Fix it and answer again.",

@@ -203,3 +203,15 @@ async def test_post_turn_decisions_and_run_scoped_state() -> None:
     assert [m.text for m in r.messages][-2] == "Check again: the answer must be a number."
     r2 = await Agent(ScriptedProvider(["42"]), middleware=[Verify()]).run("again")
     assert r2.stop.evidence_refs == ("checked 1 answers",)  # state does not leak between runs
+
+
+async def test_observers_see_the_result_of_a_denied_call() -> None:
+    from fsm_agent.types import ToolFinished, ToolStarted
+
+    events: list[Any] = []
+    await Agent(ScriptedProvider([tool_call_response(("echo", {"text": "x"})), "done"]), tools=[echo],
+                middleware=[EditThenDeny(Deny("blocked here"))], observers=[events.append]).run("go")
+    finished = [e for e in events if isinstance(e, ToolFinished)]
+    assert [e.result.text.endswith(": blocked here") for e in finished] == [True]
+    assert finished[0].duration_s == 0.0 and not [e for e in events if isinstance(e, ToolStarted)]
+    assert LOG == ["saw:x"]  # the tool never ran

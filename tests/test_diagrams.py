@@ -34,10 +34,10 @@ def test_diagram_of_a_configured_agent_shows_each_phase_chain(tmp_path: Path, mo
     text = out.getvalue()
     assert "note right of PreTurn" in text and "note right of MidTurn" in text and "note right of PostTurn" in text
     pre = text.split("note right of PreTurn")[1].split("end note")[0]
-    assert "pre_turn: " in pre and "MessageRepair" in pre and "LoopDetection" in pre
+    assert "pre_turn: " in pre and "repair" in pre and "loop_detection" in pre
     mid = text.split("note right of MidTurn")[1].split("end note")[0]
-    assert "on_tool_call: ToolPolicy" in mid
-    assert "post_turn: Verifier" in text
+    assert "on_tool_call: tool_policy" in mid
+    assert "post_turn: verifier" in text
     err = io.StringIO()
     assert main(["diagram", "--agent", "my_agents:nope", "--stdout"], out=io.StringIO(), err=err) == 2
     assert "my_agents:nope" in err.getvalue()

@@ -684,10 +684,13 @@ class Driver:
                 await self.journal.flush()
             for r in await asyncio.gather(*(self._run_tool(c) for c in to_run)):
                 results[r.tool_call_id] = r
+        announce = self.bus.wants(ToolFinished)
         for call in calls:
             res = results.get(call.id)
             if res is None:  # pragma: no cover - every call got a result above
                 res = ToolResultMessage(call.id, "no result", is_error=True, name=call.name)
+            if announce and call.id not in self._done_results:  # denied, answered by policy or a person
+                await self.bus.emit(ToolFinished(ctx.session_id, ctx.turn, call, res, 0.0))
             self._append(res)
         ctx.pending_calls = []
         await self._fire(Trigger.TOOLS_DONE, f"{len(calls)} tool result(s) recorded")

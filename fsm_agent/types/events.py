@@ -65,7 +65,9 @@ class ToolStarted:
 
 @frozen
 class ToolFinished:
-    """A tool call produced its result (``result.is_error`` for failures, denials and timeouts)."""
+    """A tool call got its result (``result.is_error`` for failures, denials and timeouts). Calls that
+    did not run (denied by policy, answered by middleware or a person) are announced too, with
+    ``duration_s`` 0 and no :class:`ToolStarted` before them."""
 
     TAG: ClassVar[str] = "tool_finished"
     session_id: str

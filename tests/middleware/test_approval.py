@@ -97,7 +97,7 @@ async def test_per_call_mode_asks_one_call_and_denies_the_others_of_the_turn() -
     assert [(m.tool_call_id, m.is_error) for m in results] == [(c.id, c.name == "pay" and c.input["amount"] == 500)
                                                               for c in turn.tool_calls]
     assert results[2].text == (
-        f"Tool call denied by policy (HumanApproval): not run: tool call {turn.tool_calls[0].id} (pay) is waiting "
+        f"Tool call denied by policy (approval): not run: tool call {turn.tool_calls[0].id} (pay) is waiting "
         "for a person's approval and only one call that needs approval is asked per turn; propose this call "
         "again after that one is decided")
 

@@ -119,7 +119,7 @@ async def test_per_tool_limit_denies_the_call_and_the_model_sees_why() -> None:
     assert result.tool_calls == 3
     assert tool_texts(result) == [
         ("x", False), ("x", False),
-        ("Tool call denied by policy (Budget): tool_calls:echo budget exhausted: 2 of 2 echo calls used; "
+        ("Tool call denied by policy (budget): tool_calls:echo budget exhausted: 2 of 2 echo calls used; "
          "do not call echo again in this run", True),
         ("pong", False)]
     assert warnings(rec) == [("tool_calls:echo", 2, 2, 2)]
@@ -139,7 +139,7 @@ async def test_total_tool_limit_denies_in_mid_turn_then_pauses() -> None:
     assert result.stop.detail == "tool_calls budget exhausted: 3 of 3 tool calls used"
     assert result.tool_calls == 3 and result.turns == 2
     assert tool_texts(result)[-1] == (
-        "Tool call denied by policy (Budget): tool_calls budget exhausted: 3 of 3 tool calls used; "
+        "Tool call denied by policy (budget): tool_calls budget exhausted: 3 of 3 tool calls used; "
         "no more tool calls in this run", True)
     assert warnings(rec) == [("tool_calls", 3, 3, 2)]
 
@@ -193,7 +193,7 @@ async def test_wrap_up_turn_answers_without_tools_and_completes() -> None:
     result, rec, provider = await run([call(), text_response("best answer so far")], budget)
     assert result.stop.reason is StopReason.COMPLETED
     assert result.stop.detail == ("answered in the wrap-up turn (model_calls budget exhausted: 1 of 1 model "
-                                  "calls used) (decided by Budget)")
+                                  "calls used) (decided by budget)")
     assert result.output == "best answer so far" and result.turns == 2
     first, last = provider.requests
     assert [t.name for t in first.tools] == ["echo", "ping"] and last.tools == ()
@@ -210,7 +210,7 @@ async def test_wrap_up_turn_that_still_wants_tools_pauses() -> None:
                                   "(tools disabled) the model still wanted to continue")
     assert result.tool_calls == 1  # the wrap-up turn's call was denied, not run
     assert tool_texts(result)[-1] == (
-        "Tool call denied by policy (Budget): tools are disabled in the wrap-up turn (model_calls budget "
+        "Tool call denied by policy (budget): tools are disabled in the wrap-up turn (model_calls budget "
         "exhausted: 1 of 1 model calls used); answer with what you have", True)
     assert rec.transitions()[-1] == ("PreTurn", "pause_budget", "PAUSED_BUDGET")
 
@@ -218,7 +218,7 @@ async def test_wrap_up_turn_that_still_wants_tools_pauses() -> None:
 class _Attempts(Middleware):
     """An outer layer that calls the rest of the chain twice (like a retry)."""
 
-    name = "RetryFallback"
+    name = "retry"
 
     async def wrap_model_call(self, request: Any, call_next: Any, ctx: Any) -> Any:
         await call_next(request)
@@ -229,7 +229,7 @@ async def test_model_calls_count_attempts_of_an_outer_retry_layer() -> None:
     provider = ScriptedProvider(calls(9))
     # listed after Budget, but Budget declares it sits inside RetryFallback
     agent = Agent(provider, tools=[echo], middleware=[Budget(max_model_calls=4), _Attempts()])
-    assert [m.middleware_name for m in agent.middleware] == ["RetryFallback", "Budget"]
+    assert [m.middleware_name for m in agent.middleware] == ["retry", "budget"]
     result = await agent.run("go")
     assert (result.stop.detail, result.turns, len(provider.requests)) == (
         "model_calls budget exhausted: 4 of 4 model calls used", 2, 4)
@@ -293,4 +293,4 @@ async def test_llama_wrap_up_turn_has_no_tools_and_answers(local_provider: Any) 
     # without tools the constrained mode is off: the model can only answer in text
     assert result.stop.reason is StopReason.COMPLETED
     assert result.stop.detail == ("answered in the wrap-up turn (model_calls budget exhausted: 1 of 1 model "
-                                  "calls used) (decided by Budget)")
+                                  "calls used) (decided by budget)")

@@ -27,7 +27,7 @@ def notices(messages: tuple[Message, ...] | list[Message]) -> list[str]:
 
 def denials(result: RunResult) -> list[ToolResultMessage]:
     return [m for m in result.messages if isinstance(m, ToolResultMessage)
-            and (m.metadata or {}).get("denied_by") == "LoopDetection"]
+            and (m.metadata or {}).get("denied_by") == "loop_detection"]
 
 
 class Recorded:
@@ -212,7 +212,7 @@ def test_options_and_repr() -> None:
 
     # innermost: after policy middleware whatever the list order (DESIGN §4: policy, loop detection, run)
     agent = Agent(ScriptedProvider([]), middleware=[LoopDetection(), Policy(), MessageRepair()])
-    assert [m.middleware_name for m in agent.middleware] == ["Policy", "LoopDetection", "MessageRepair"]
+    assert [m.middleware_name for m in agent.middleware] == ["Policy", "loop_detection", "repair"]
 
 
 # -- the real local model ----------------------------------------------------------------------
@@ -238,3 +238,25 @@ async def test_local_model_loop_ends_in_a_loop_stop_or_an_answer(llama_server) -
         assert result.turns < 12
     else:
         assert result.output.strip()
+
+
+async def test_a_call_denied_by_another_middleware_again_and_again_is_a_loop() -> None:
+    from fsm_agent import Deny, Middleware, StopReason as SR
+    from fsm_agent.providers import ScriptedProvider, tool_call_response
+
+    class NoClock(Middleware):
+        def on_tool_call(self, call, ctx):
+            return Deny("the clock is blocked") if call.name == "clock" else None
+
+    from fsm_agent import Agent
+    from fsm_agent.tools.demo import clock
+
+    script = [tool_call_response(("clock", {"timezone": "UTC"})) for _ in range(10)]
+    provider = ScriptedProvider(script)
+    result = await Agent(provider, tools=[clock], middleware=[NoClock(), LoopDetection()]).run("time?")
+    assert result.stop.reason is SR.FAILED_TERMINAL
+    assert result.stop.error["kind"] == "loop_detected"
+    assert result.stop.detail.startswith('loop detected: clock {"timezone":"UTC"} was proposed 4 times in a row')
+    assert result.turns == 4 and result.tool_calls == 0  # stopped before the 5th model call
+    notice = [m for m in provider.requests[2].messages if m.text.startswith(NOTICE_PREFIX)]
+    assert len(notice) == 1  # the model was warned first

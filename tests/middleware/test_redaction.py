@@ -161,6 +161,7 @@ async def test_no_original_reaches_the_model_and_only_the_allowed_tool_gets_it()
 class LoopDetection(Middleware):
     """Stand-in for the loop detector: innermost too, adds a notice quoting a tool result."""
 
+    name = "loop_detection"
     ordering = Ordering(position="innermost")
 
     def pre_turn(self, ctx: Any) -> None:
@@ -170,7 +171,7 @@ class LoopDetection(Middleware):
 async def test_redaction_masks_what_other_innermost_pre_turn_middleware_add() -> None:
     provider = ScriptedProvider(["ok"])
     agent = Agent(provider, middleware=[Redaction(), LoopDetection()])  # listed first, still runs last
-    assert [m.middleware_name for m in agent.middleware] == ["LoopDetection", "Redaction"]
+    assert [m.middleware_name for m in agent.middleware] == ["loop_detection", "redaction"]
     await agent.run("hi")
     assert provider.requests[0].messages[-1] == UserMessage("Notice: the tool keeps returning '[REDACTED:email:1]'")
 

@@ -491,7 +491,7 @@ def test_options_repr_and_placement() -> None:
             ctx.messages.append(SystemMessage("late system text"))
 
     agent = Agent(ScriptedProvider([]), middleware=[mw, Other()])
-    assert [m.middleware_name for m in agent.middleware] == ["Other", "MessageRepair"]  # repair has the last word
+    assert [m.middleware_name for m in agent.middleware] == ["Other", "repair"]  # repair has the last word
 
 
 async def test_later_middleware_edits_are_repaired_too() -> None:

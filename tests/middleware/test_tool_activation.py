@@ -118,7 +118,7 @@ async def test_meta_tool_call_is_answered_before_a_deny_by_default_policy() -> N
     policy = ToolPolicy([{"tool": "t*", "action": "allow"}], default="deny")
     activation = ToolActivation(2)
     agent = Agent(ScriptedProvider([]), tools=TOOLS, middleware=[policy, Budget(max_tool_calls=1), activation])
-    assert [m.middleware_name for m in agent.middleware] == ["ToolActivation", "ToolPolicy", "Budget"]
+    assert [m.middleware_name for m in agent.middleware] == ["tool_activation", "tool_policy", "budget"]
     script = [call("activate_tool", name="three"), call("three"), "done"]
     result, _ = await run(script, activation, policy, Budget(max_tool_calls=1))
     assert results(result) == [("Tool 'three' is active from your next step.", False), ("three ran", False)]
@@ -164,7 +164,7 @@ async def test_bad_registry_fails_the_run_at_the_first_pre_turn() -> None:
     result, _ = await run(["done"], ToolActivation(3, always_on=["nope"]))
     assert result.stop.reason is StopReason.FAILED_TERMINAL
     assert result.stop.detail == (
-        "middleware 'ToolActivation' failed in pre_turn: ConfigurationError: ToolActivation: always_on names "
+        "middleware 'tool_activation' failed in pre_turn: ConfigurationError: ToolActivation: always_on names "
         "unregistered tool(s) 'nope' (registered: one, two, three, four, five)")
     result, _ = await run(["done"], ToolActivation(3, activation_tool="two"))
     assert result.stop.detail.endswith("a registered tool is already named 'two'; pass activation_tool='another_name'")

@@ -140,8 +140,8 @@ async def test_run_denial_reaches_the_model_as_an_error_result(example: ToolPoli
     assert result.stop.reason is StopReason.COMPLETED
     assert RAN == ["/srv/a"]
     denied = ToolResultMessage(both.tool_calls[1].id,
-                               "Tool call denied by policy (ToolPolicy): " + DEFAULT_DENY.format("read_file"),
-                               is_error=True, name="read_file", metadata={"denied_by": "ToolPolicy"})
+                               "Tool call denied by policy (tool_policy): " + DEFAULT_DENY.format("read_file"),
+                               is_error=True, name="read_file", metadata={"denied_by": "tool_policy"})
     assert [m for m in result.messages if isinstance(m, ToolResultMessage)][1] == denied
     assert provider.requests[1].messages[-1] == denied  # what the model read next
 
@@ -162,7 +162,7 @@ async def test_run_ask_rule_stops_waiting_human_with_the_call_pending(example: T
 
 def test_policy_sits_outside_approval_and_budget_whatever_the_list_order() -> None:
     agent = Agent(ScriptedProvider([]), middleware=[Budget(), HumanApproval("*"), ToolPolicy()])
-    assert [m.middleware_name for m in agent.middleware] == ["ToolPolicy", "HumanApproval", "Budget"]
+    assert [m.middleware_name for m in agent.middleware] == ["tool_policy", "approval", "budget"]
 
 
 # -- loading and validation ----------------------------------------------------------------------
@@ -277,5 +277,5 @@ async def test_llama_denied_calculator_is_an_error_result_the_model_reads(local_
     assert len(results) == 2
     for r in results:
         assert (r.text, r.is_error, r.name) == (
-            "Tool call denied by policy (ToolPolicy): arithmetic is done by hand here (rule 1)", True, "calculator")
+            "Tool call denied by policy (tool_policy): arithmetic is done by hand here (rule 1)", True, "calculator")
     assert seen[1].messages[-1] == results[0]  # the second call's context ends with the denial

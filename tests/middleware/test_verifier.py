@@ -55,12 +55,12 @@ async def test_callable_check_rejects_with_feedback_then_completes_with_evidence
     result, ctx = await run(provider, Verifier(must_be_42), recorder=rec)
     assert result.stop.reason is StopReason.COMPLETED and result.turns == 2
     assert result.stop.evidence_refs == ("check:answer==42",)
-    assert result.stop.detail == "verified: exact match (decided by Verifier)"
+    assert result.stop.detail == "verified: exact match (decided by verifier)"
     assert result.messages[2] == UserMessage(FEEDBACK.format("expected 42, got 'forty-two'"))
     assert provider.requests[1].messages[-1] == result.messages[2]  # the model saw the feedback
     assert ("PostTurn", "next_turn", "PreTurn") in rec.transitions()
     assert rec.transitions()[-1] == ("PostTurn", "complete", "COMPLETED")
-    assert ctx.state("Verifier")["rejections"] == 1
+    assert ctx.state("verifier")["rejections"] == 1
 
 
 async def test_async_checks_and_only_turns_without_tool_calls_are_judged() -> None:
@@ -100,7 +100,7 @@ async def test_on_exhausted_fail_ends_failed_terminal_with_the_reasons() -> None
 async def test_a_check_that_returns_garbage_fails_closed() -> None:
     result, _ = await run(ScriptedProvider(["42"]), Verifier(lambda ctx: True))
     assert result.stop.reason is StopReason.FAILED_TERMINAL
-    assert result.stop.detail == ("middleware 'Verifier' failed in post_turn: TypeError: the verifier's check "
+    assert result.stop.detail == ("middleware 'verifier' failed in post_turn: TypeError: the verifier's check "
                                   "returned bool, not a Verdict")
 
 
@@ -146,7 +146,7 @@ async def test_model_graded_check_with_the_runs_own_provider() -> None:
     result, _ = await run(provider, Verifier(ModelGrader()), task="Capital of France?")
     assert result.stop.reason is StopReason.COMPLETED
     assert provider.requests[1].response_format == VERDICT_FORMAT and provider.requests[1].tools == ()
-    assert result.stop.detail == "verified: correct capital (decided by Verifier)"
+    assert result.stop.detail == "verified: correct capital (decided by verifier)"
 
 
 async def test_unreadable_grader_replies_are_asked_again_then_fail_closed() -> None:
@@ -182,7 +182,7 @@ def test_repr_and_validation() -> None:
     v = Verifier(ModelGrader(ScriptedProvider([], model="judge")), max_rejections=1, on_exhausted="fail", name="judge")
     assert repr(v) == ("Verifier(check=ModelGrader(provider='scripted:judge', max_tokens=200, temperature=0.0, "
                        "attempts=2), max_rejections=1, on_exhausted='fail')")
-    assert v.middleware_name == "judge" and Verifier(must_be_42).middleware_name == "Verifier"
+    assert v.middleware_name == "judge" and Verifier(must_be_42).middleware_name == "verifier"
     with pytest.raises(ValueError, match="on_exhausted must be 'human' or 'fail'"):
         Verifier(must_be_42, on_exhausted="retry")
 
