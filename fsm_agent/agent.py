@@ -40,7 +40,7 @@ from .machine.phases import Phase, Trigger
 from .middleware import Middleware
 from .pricing import cost_usd
 from .providers.base import Provider
-from .session import Journal, load_session
+from .session import Journal, load_session, send_control
 from .store.base import ControlKind, ControlRecord, SessionRecord, Store
 from .store.memory import MemoryStore
 from .tools.registry import Tool, ToolRegistry
@@ -232,6 +232,10 @@ class Agent:
         ctx.cancel_confirmed = confirm_cancel
         ctx.goal_version = rec.goal_version
         journal = Journal(self.store, session_id, rec.last_seq + 1, self.worker_id)
+        for stale in await self.store.take_controls(session_id, [ControlKind.INTERRUPT]):
+            # an interrupt meant for an earlier run must not stop this one
+            journal.record("control_dropped", {"kind": stale.kind.value, "text": stale.text,
+                                               "reason": "queued before this resume"})
         if terminal is not None:
             ctx.machine = MachineState(terminal)
             to_tools = ck is not None and ck.safe_point == Phase.MID_TURN.value and bool(ctx.pending_calls)
@@ -248,11 +252,16 @@ class Agent:
         return await self._drive(ctx, journal, None, "recovered")
 
     async def control(self, session_id: str, control: LoopControl) -> None:
-        """Send a control event to a session, wherever it runs (through the store)."""
+        """Send a control event to a session, wherever it runs (through the store).
+
+        Raises:
+            ResumeError: unknown session, a session that ended for good, or an interrupt for a
+                session that is not running.
+        """
         kind = {Steer: ControlKind.STEER, Followup: ControlKind.FOLLOWUP, Interrupt: ControlKind.INTERRUPT,
                 Cancel: ControlKind.CANCEL}[type(control)]
         text = str(getattr(control, "text", None) or getattr(control, "reason", ""))
-        await self.store.push_control(ControlRecord(session_id, kind, text))
+        await send_control(self.store, session_id, kind, text)
 
     async def decide(self, session_id: str, call_id: str, decision: Decision) -> None:
         """Deliver a decision to a run waiting in process (Hang-Wait, ``RunConfig.approval_timeout``)."""

@@ -3,9 +3,10 @@
 Commands: ``run``, ``resume``, ``sessions list|show``, ``control``, ``diagram``, ``decode``,
 ``middleware list``.
 
-Exit codes: 0 COMPLETED (or success); 2 usage or configuration error; 3 WAITING_HUMAN;
-4 PAUSED_BUDGET; 5 INTERRUPTED; 6 FAILED_RETRYABLE; 7 FAILED_TERMINAL; 8 CANCELLED;
-1 anything else (a message says what).
+Exit codes: 0 COMPLETED (or success); 2 a usage or configuration error, an unknown session, or a
+session that cannot be resumed; 3 WAITING_HUMAN; 4 PAUSED_BUDGET; 5 INTERRUPTED;
+6 FAILED_RETRYABLE; 7 FAILED_TERMINAL; 8 CANCELLED; 1 anything else, e.g. a body ``decode``
+could not parse (a message says what).
 
 Sessions are kept in ``$FSM_AGENT_STORE`` (a SQLite path or a ``postgresql://`` DSN), default
 ``~/.fsm-agent/sessions.db``, so a stopped run can be resumed later by ``fsm-agent resume``.
@@ -16,8 +17,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import re
 import sys
 import time
+import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
@@ -25,7 +28,7 @@ from typing import Any, TextIO
 import orjson
 
 from ._version import __version__
-from .errors import ConfigurationError, FsmAgentError
+from .errors import ConfigurationError, FsmAgentError, UserError
 from .types.run import StopReason
 
 __all__ = ["EXIT_CODES", "main"]
@@ -93,8 +96,12 @@ class _Printer:
 
 
 # -- building blocks ------------------------------------------------------------------------
-def open_store(location: str | None = None) -> Any:
-    """The session store at ``location`` / ``$FSM_AGENT_STORE`` / ``~/.fsm-agent/sessions.db``."""
+def open_store(location: str | None = None, *, create: bool = True) -> Any:
+    """The session store at ``location`` / ``$FSM_AGENT_STORE`` / ``~/.fsm-agent/sessions.db``.
+
+    Raises:
+        ConfigurationError: ``create`` is false and no SQLite store exists there (a mistyped path).
+    """
     from .store.postgres import PostgresStore
     from .store.sqlite import SQLiteStore
 
@@ -102,6 +109,9 @@ def open_store(location: str | None = None) -> Any:
                                                       / "sessions.db")
     if loc.startswith(("postgres://", "postgresql://")):
         return PostgresStore(loc)
+    if not create and not Path(loc).is_file():
+        raise ConfigurationError(f"no session store at {loc} (no run has been stored there yet); "
+                                 "check --store or $FSM_AGENT_STORE")
     return SQLiteStore(loc)
 
 
@@ -130,6 +140,26 @@ class _AgentFactory:
         self.s, self.api_key, self.err = settings, api_key, err
         self.server: Any = None
         self.provider: Any = None
+        self.tools, self.middleware = self._plugins()  # bad names fail here, before any server starts
+
+    def _plugins(self) -> tuple[list[Any], list[Any]]:
+        from .plugins import discover, load_plugin
+        from .tools.demo import DEMO_TOOLS
+
+        tools = []
+        for name in self.s["tools"]:
+            if name not in DEMO_TOOLS:
+                raise ConfigurationError(f"unknown tool {name!r}; demo tools: {', '.join(DEMO_TOOLS)}")
+            tools.append(DEMO_TOOLS[name])
+        names: list[str] = []
+        if self.s["default_middleware"]:
+            installed = {p.name for p in discover()}
+            names += [n for n in DEFAULT_MIDDLEWARE if n in installed]
+        names += [n for n in self.s["middleware"] if n not in names]
+        middleware = [load_plugin(n)() for n in names]
+        if self.s.get("policy"):
+            middleware.insert(0, load_plugin("tool_policy").from_file(self.s["policy"]))  # type: ignore[attr-defined]
+        return tools, middleware
 
     async def __aenter__(self) -> _AgentFactory:
         from .local import LocalLlamaServer
@@ -157,23 +187,8 @@ class _AgentFactory:
 
     def agent(self, store: Any, config: Any, observers: list[Any]) -> Any:
         from .agent import Agent
-        from .plugins import discover, load_plugin
-        from .tools.demo import DEMO_TOOLS
 
-        tools = []
-        for name in self.s["tools"]:
-            if name not in DEMO_TOOLS:
-                raise ConfigurationError(f"unknown tool {name!r}; demo tools: {', '.join(DEMO_TOOLS)}")
-            tools.append(DEMO_TOOLS[name])
-        names: list[str] = []
-        if self.s["default_middleware"]:
-            installed = {p.name for p in discover()}
-            names += [n for n in DEFAULT_MIDDLEWARE if n in installed]
-        names += [n for n in self.s["middleware"] if n not in names]
-        middleware = [load_plugin(n)() for n in names]
-        if self.s.get("policy"):
-            middleware.insert(0, load_plugin("tool_policy").from_file(self.s["policy"]))  # type: ignore[attr-defined]
-        return Agent(self.provider, tools=tools, system_prompt=self.s["system"], middleware=middleware,
+        return Agent(self.provider, tools=self.tools, system_prompt=self.s["system"], middleware=self.middleware,
                      observers=observers, config=config, store=store)
 
 
@@ -193,12 +208,22 @@ def _report(result: Any, args: argparse.Namespace, printer: _Printer | None, out
     err.write(f"stop: {result.stop.reason.value} — {result.stop.detail}\n")
     err.write(f"usage: {u.input_tokens} input + {u.output_tokens} output tokens{est}{cost}; "
               f"{result.turns} model call(s), {result.tool_calls} tool call(s), {result.duration_s:.1f} s\n")
-    if result.stop.error:
-        err.write(f"error: {result.stop.error.get('message')}\n")
+    error = result.stop.error
+    if error and error.get("message") and error["message"] not in result.stop.detail:
+        err.write(f"error ({error.get('kind', 'error')}): {error['message']}\n")
     for p in result.stop.pending_actions:
         err.write(f"pending: {p.call.id} {p.call.name}({orjson.dumps(p.call.input).decode()}) — {p.reason}\n")
-    if result.stop.resumable:
-        err.write(f"session: {result.session_id} (resume with: fsm-agent resume {result.session_id} ...)\n")
+    sid = result.session_id
+    hints = {
+        StopReason.WAITING_HUMAN: f"fsm-agent resume {sid} --approve CALL | --reject CALL --message TEXT | "
+                                  f"--edit CALL='{{...}}' | --respond CALL=TEXT",
+        StopReason.PAUSED_BUDGET: f"fsm-agent resume {sid} --budget "
+                                  f"{result.stop.budget or 'iterations'}=N",
+        StopReason.INTERRUPTED: f"fsm-agent resume {sid}",
+        StopReason.FAILED_RETRYABLE: f"fsm-agent resume {sid}",
+    }
+    hint = hints.get(result.stop.reason)
+    err.write(f"session: {sid}" + (f" (continue with: {hint})" if hint else "") + "\n")
     return EXIT_CODES[result.stop.reason]
 
 
@@ -208,13 +233,17 @@ async def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
     settings = _settings(args)
     config = RunConfig(max_iterations=args.max_iterations, max_wall_clock=args.timeout, max_tokens=args.max_tokens,
-                       max_output_tokens=args.max_output_tokens, stream=not args.no_stream)
+                       max_output_tokens=args.max_output_tokens, stream=not args.no_stream)  # checks the values
     printer = None if args.json else _Printer(out, err, args.verbose)
+    factory = _AgentFactory(settings, args.api_key, err)  # checks tools and plugins before anything starts
+    session_id = args.session_id or uuid.uuid4().hex
     store = open_store(args.store)
     try:
-        async with _AgentFactory(settings, args.api_key, err) as factory:
+        async with factory:
             agent = factory.agent(store, config, [printer] if printer else [])
-            result = await agent.run(args.task, session_id=args.session_id, metadata={"cli": settings})
+            if printer is not None:
+                err.write(f"fsm-agent: session {session_id}\n")
+            result = await agent.run(args.task, session_id=session_id, metadata={"cli": settings})
     finally:
         await store.close()
     return _report(result, args, printer, out, err)
@@ -262,7 +291,7 @@ def _limits(items: Sequence[str]) -> dict[str, Any]:
 async def _resume(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from .errors import ResumeError
 
-    store = open_store(args.store)
+    store = open_store(args.store, create=False)
     try:
         rec = await store.get_session(args.session_id)
         if rec is None:
@@ -270,11 +299,20 @@ async def _resume(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         settings = rec.metadata.get("cli")
         if settings is None:
             raise ResumeError(f"session {args.session_id} was not started by the CLI; resume it with Agent.resume()")
+        try:
+            stopped = StopReason(rec.state)
+        except ValueError:
+            stopped = None
+        if stopped is not None and not stopped.resumable:
+            raise ResumeError(f"session {args.session_id} ended {stopped.value}; only WAITING_HUMAN, PAUSED_BUDGET, "
+                              "INTERRUPTED and FAILED_RETRYABLE sessions can be resumed")
+        limits = _limits(args.budget)
+        decisions = _decisions(args)
         printer = None if args.json else _Printer(out, err, args.verbose)
         async with _AgentFactory(settings, args.api_key, err) as factory:
             agent = factory.agent(store, None, [printer] if printer else [])
-            result = await agent.resume(args.session_id, decisions=_decisions(args), confirm_cancel=args.confirm_cancel,
-                                        **_limits(args.budget))
+            result = await agent.resume(args.session_id, decisions=decisions, confirm_cancel=args.confirm_cancel,
+                                        **limits)
     finally:
         await store.close()
     return _report(result, args, printer, out, err)
@@ -284,7 +322,7 @@ async def _sessions(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from .session import load_session
     from .types.codec import unstructure
 
-    store = open_store(args.store)
+    store = open_store(args.store, create=False)
     try:
         if args.sessions_command == "list":
             rows = await store.list_sessions(args.limit)
@@ -321,7 +359,7 @@ async def _sessions(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
                 out.write(f"pending: {c['id']} {c['name']}({orjson.dumps(c['input']).decode()}) — {p['reason']}\n")
         out.write(f"events: {len(events)}; messages: {len(loaded.transcript)}; turns: "
                   f"{loaded.checkpoint.data['turn'] if loaded.checkpoint else 0}\n")
-        for entry in loaded.ledger.values():
+        for entry in sorted(loaded.ledger.values(), key=lambda e: e.updated_at):
             out.write(f"tool call {entry.call_id} {entry.tool}: {entry.status.value} ({entry.effect})\n")
         return 0
     finally:
@@ -329,20 +367,18 @@ async def _sessions(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
 
 async def _control(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    from .store.base import ControlKind, ControlRecord
+    from .session import send_control
+    from .store.base import ControlKind
 
     kind = ControlKind(args.kind)
     if kind in (ControlKind.STEER, ControlKind.FOLLOWUP) and not args.text:
         raise ConfigurationError(f"control {kind.value} needs a TEXT")
-    store = open_store(args.store)
+    store = open_store(args.store, create=False)
     try:
-        if await store.get_session(args.session_id) is None:
-            err.write(f"fsm-agent: unknown session {args.session_id!r}\n")
-            return 2
-        await store.push_control(ControlRecord(args.session_id, kind, args.text or ""))
+        note = await send_control(store, args.session_id, kind, args.text or "")
     finally:
         await store.close()
-    err.write(f"queued {kind.value} for session {args.session_id}\n")
+    err.write(note + "\n")
     return 0
 
 
@@ -399,6 +435,7 @@ def _middleware(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             hooks = [h for h in ("pre_turn", "wrap_model_call", "on_model_event", "on_tool_call", "wrap_tool_call",
                                  "post_turn") if getattr(cls, h) is not getattr(cls.__mro__[-2], h, None)]
             doc = (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else ""
+            doc = re.sub(r":\w+:`~?([^`]+)`", r"\1", doc).replace("``", "")
             out.write(f"{p.name:<16} {p.target:<44} [{p.distribution}] failure={getattr(cls.failure_policy, 'value', cls.failure_policy)}"
                       f" order={'; '.join(parts) or 'as listed'}\n"
                       f"{'':<16} hooks: {', '.join(hooks) or '-'} — {doc}\n")
@@ -420,8 +457,9 @@ def _build_parser() -> argparse.ArgumentParser:
 
     r = sub.add_parser("run", help="run one task to a stop reason")
     r.add_argument("task", help="what the agent should do")
-    r.add_argument("--provider", help="openai, openai-responses, anthropic, deepseek, qwen, openai-compatible, "
-                   "llamacpp (default: $FSM_AGENT_PROVIDER, else the embedded local model)")
+    r.add_argument("--provider", help="local (the embedded model, the default), openai, openai-responses, anthropic, "
+                   "deepseek, qwen, openai-compatible (needs --base-url), llamacpp (a llama-server at --base-url); "
+                   "default: $FSM_AGENT_PROVIDER, else local")
     r.add_argument("--base-url", help="provider base URL ($FSM_AGENT_BASE_URL)")
     r.add_argument("--model", help="model name ($FSM_AGENT_MODEL)")
     r.add_argument("--api-key", help="API key ($FSM_AGENT_API_KEY, or the vendor's own variable)")
@@ -517,14 +555,23 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None, err: T
             return _decode(args, out, err)
         if args.command == "middleware":
             return _middleware(args, out, err)
-    except ConfigurationError as exc:
+    except UserError as exc:  # configuration, usage, unknown or final sessions
         err.write(f"fsm-agent: {exc}\n")
         return 2
     except KeyboardInterrupt:
         err.write("fsm-agent: interrupted\n")
         return EXIT_CODES[StopReason.INTERRUPTED]
+    except BrokenPipeError:  # `... | head`: the reader went away; that is not an error
+        try:
+            sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - silence the flush at exit
+        except OSError:
+            pass
+        return 0
     except FsmAgentError as exc:
         err.write(f"fsm-agent: {exc}\n")
+        return 1
+    except OSError as exc:  # a file named on the command line
+        err.write(f"fsm-agent: {exc.strerror or exc}: {exc.filename or ''}\n")
         return 1
     return 2
 

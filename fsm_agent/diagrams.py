@@ -113,6 +113,10 @@ def chains_of(spec: str) -> dict[str, list[str]]:
 
     from .errors import ConfigurationError
 
+    import sys
+
+    if "" not in sys.path and "." not in sys.path:  # like `python -m`: modules in the working directory
+        sys.path.insert(0, "")
     module_name, _, attr = spec.partition(":")
     if not attr:
         raise ConfigurationError(f"--agent {spec!r}: use MODULE:ATTRIBUTE, e.g. myapp.agents:support_agent")
@@ -133,13 +137,23 @@ def trace_of(path: Path) -> list[tuple[str, str, str]]:
     (``fsm-agent sessions show ID --events``) or recorded observer TransitionEvents."""
     import orjson
 
+    from .errors import ConfigurationError
+
     moves = []
-    for line in path.read_text(encoding="utf-8").splitlines():
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigurationError(f"cannot read the trace {path}: {exc.strerror or exc}") from exc
+    for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
-        ev = orjson.loads(line)
-        if ev.get("type") != "transition":
-            continue
-        p = ev.get("payload", ev)
-        moves.append((p.get("from") or p["from_state"], p["trigger"], p.get("to") or p["to_state"]))
+        try:
+            ev = orjson.loads(line)
+            if not isinstance(ev, dict) or ev.get("type") != "transition":
+                continue
+            p = ev.get("payload", ev)
+            moves.append((p.get("from") or p["from_state"], p["trigger"], p.get("to") or p["to_state"]))
+        except (orjson.JSONDecodeError, KeyError, TypeError) as exc:
+            raise ConfigurationError(f"{path}:{n}: not a transition event line ({exc}); produce the file with "
+                                     "`fsm-agent sessions show ID --events`") from exc
     return moves

@@ -23,6 +23,7 @@ from attrs import define, field
 from .store.base import (
     SCHEMA_VERSION,
     Checkpoint,
+    ControlKind,
     EventRecord,
     LedgerEntry,
     LedgerStatus,
@@ -38,7 +39,7 @@ from .types.messages import Message, ToolResultMessage, Usage
 if TYPE_CHECKING:
     from .machine.context import RunContext
 
-__all__ = ["Journal", "LoadedSession", "load_session", "upgrade_event"]
+__all__ = ["Journal", "LoadedSession", "load_session", "send_control", "upgrade_event"]
 
 
 def upgrade_event(record: EventRecord) -> EventRecord:
@@ -174,6 +175,34 @@ class LoadedSession:
         decided = d.get("decided_results") or {}
         if decided:
             ctx.extra_stop["decided_results"] = {k: structure(v, ToolResultMessage) for k, v in decided.items()}
+
+
+async def send_control(store: Store, session_id: str, kind: ControlKind, text: str = "") -> str:
+    """Queue a control event for a session; returns a note for the user.
+
+    Raises:
+        ResumeError: unknown session; it ended for good (COMPLETED, FAILED_TERMINAL, CANCELLED); or an
+            interrupt for a session that is not running (nothing to interrupt).
+    """
+    from .errors import ResumeError
+    from .store.base import ControlRecord
+    from .types.run import StopReason
+
+    rec = await store.get_session(session_id)
+    if rec is None:
+        raise ResumeError(f"unknown session {session_id!r}")
+    try:
+        stopped: StopReason | None = StopReason(rec.state)
+    except ValueError:
+        stopped = None
+    if stopped is not None and not stopped.resumable:
+        raise ResumeError(f"session {session_id} ended {stopped.value}; it takes no more control events")
+    if stopped is not None and kind is ControlKind.INTERRUPT:
+        raise ResumeError(f"session {session_id} is not running ({stopped.value}): there is nothing to interrupt")
+    await store.push_control(ControlRecord(session_id, kind, text))
+    if stopped is not None:
+        return f"queued {kind.value} for session {session_id} ({stopped.value}): it applies when the session is resumed"
+    return f"queued {kind.value} for session {session_id}"
 
 
 async def load_session(store: Store, session_id: str) -> LoadedSession | None:

@@ -93,7 +93,7 @@ def test_missing_api_key_is_a_configuration_error(monkeypatch) -> None:
     monkeypatch.delenv("FSM_AGENT_API_KEY", raising=False)
     err = io.StringIO()
     assert main(["run", "hi", "--provider", "openai"], out=io.StringIO(), err=err) == 2
-    assert "needs an API key: set OPENAI_API_KEY or pass --api-key" in err.getvalue()
+    assert "needs an API key: set OPENAI_API_KEY (or ProviderConfig(api_key=...); CLI: --api-key)" in err.getvalue()
 
 
 def test_unknown_tool_and_provider() -> None:

@@ -27,7 +27,7 @@ async def test_paused_session_is_listed_shown_and_resumed_with_a_budget() -> Non
         code, _, err = await cli("run", "What is 17*23?", "--tool", "calculator", "--base-url", base, "--model", "m",
                                  "--api-key", "k", "--max-iterations", "1", "--session-id", "sess-1")
         assert code == 4, err
-        assert "session: sess-1 (resume with: fsm-agent resume sess-1" in err
+        assert "session: sess-1 (continue with: fsm-agent resume sess-1 --budget iterations=N)" in err
         code, out, _ = await cli("sessions", "list")
         assert code == 0
         row = next(line for line in out.splitlines() if line.startswith("sess-1"))
@@ -43,7 +43,7 @@ async def test_paused_session_is_listed_shown_and_resumed_with_a_budget() -> Non
         types = [json.loads(line)["type"] for line in out.splitlines()]
         assert types[0] == "session_started" and types.count("run_stopped") == 2
         code, _, err = await cli("resume", "sess-1")
-        assert code == 1 and "ended COMPLETED" in err
+        assert code == 2 and "ended COMPLETED" in err
     finally:
         await server.close()
 
@@ -60,17 +60,37 @@ async def test_control_interrupt_from_another_process_stops_a_stream() -> None:
         assert code == 0 and "queued interrupt for session sess-int" in err
         code, out, err = await run
         assert code == 5, err
-        assert "stop: INTERRUPTED — stop now (during Model)" in err
+        assert "stop: INTERRUPTED — stop now (during Model; the " in err
+        assert "characters that had streamed are kept in the transcript" in err
         assert 0 < out.count("word") < 400
+        code, show, _ = await cli("sessions", "show", "sess-int", "--json")
+        kept = json.loads(show)
+        assert kept["messages"] == 2  # the user's message and the part of the answer that had streamed
+        code, _, err = await cli("control", "sess-int", "interrupt")
+        assert code == 2 and "is not running (INTERRUPTED): there is nothing to interrupt" in err
     finally:
         await server.close()
 
 
-async def test_control_steer_needs_text_and_unknown_sessions_are_reported() -> None:
+async def test_control_steer_needs_text_and_unknown_sessions_are_reported(tmp_path) -> None:
     code, _, err = await cli("control", "nope", "steer")
     assert code == 2 and "needs a TEXT" in err
     code, _, err = await cli("control", "nope", "interrupt")
+    assert code == 2 and "no session store at" in err  # nothing stored yet: a mistyped --store is caught
+    code, _, err = await cli("sessions", "list", "--store", str(tmp_path / "missing" / "x.db"))
+    assert code == 2 and not (tmp_path / "missing").exists()
+    server = ReplayServer([RecordedResponse(200, ANSWER, "text/event-stream")])
+    base = await server.start()
+    try:
+        code, _, err = await cli("run", "hi", "--base-url", base, "--model", "m", "--api-key", "k",
+                                 "--session-id", "done-1")
+    finally:
+        await server.close()
+    assert code == 0 and "session: done-1\n" in err
+    code, _, err = await cli("control", "nope", "interrupt")
     assert code == 2 and "unknown session 'nope'" in err
+    code, _, err = await cli("control", "done-1", "cancel")
+    assert code == 2 and "ended COMPLETED; it takes no more control events" in err
     code, _, err = await cli("sessions", "show", "nope")
     assert code == 2
 

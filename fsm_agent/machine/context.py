@@ -46,6 +46,20 @@ class RunConfig:
     """Hang-Wait: seconds to wait in process for a person's decision on a tool call before stopping
     WAITING_HUMAN (Stop-Resume). ``None`` (default): stop at once and resume later."""
 
+    def __attrs_post_init__(self) -> None:
+        from ..errors import ConfigurationError
+
+        if self.max_iterations < 1:
+            raise ConfigurationError(f"max_iterations must be at least 1, not {self.max_iterations}")
+        for name in ("max_wall_clock", "max_tokens", "tool_timeout", "max_output_tokens"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise ConfigurationError(f"{name} must be positive (or None for no limit), not {value}")
+        for name in ("max_cost_usd", "approval_timeout"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise ConfigurationError(f"{name} must not be negative, not {value}")
+
 
 @define(slots=False)
 class RunContext:

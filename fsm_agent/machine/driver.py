@@ -59,7 +59,8 @@ from ..types.events import ApprovalRequested, ModelStreamEvent, ToolFinished, To
 from ..types.messages import AssistantMessage, Message, ModelStopReason, ToolResultMessage, Usage, UserMessage
 from ..types.requests import MessageRequest, MessageResponse
 from ..types.run import PendingAction, RunResult, RunStop, StopReason
-from ..types.stream import MessageComplete
+from ..types.content import TextBlock
+from ..types.stream import MessageComplete, TextDelta
 from ..types.tokens import count_message_tokens, count_tokens
 from .context import RunContext
 from .phases import Phase, Trigger
@@ -120,6 +121,10 @@ class Driver:
         self.stop: RunStop | None = None
         self._phase_task: asyncio.Task[Any] | None = None
         self._control_hit = False
+        self._request: MessageRequest | None = None
+        """The model request in flight (for accounting an interrupted call)."""
+        self._streamed: list[str] = []
+        """Text deltas of the model call in flight."""
         ctx.call_provider = self._provider_call
 
     # -- transitions and persistence ---------------------------------------------------
@@ -311,17 +316,37 @@ class Driver:
         controls = await self._take(*_MIDPHASE_CONTROLS)
         cancel = next((c for c in controls if c.kind is ControlKind.CANCEL), None)
         interrupt = next((c for c in controls if c.kind is ControlKind.INTERRUPT), None)
+        during = ctx.machine.state
+        kept = self._keep_interrupted_answer() if during is Phase.MODEL else ""
         pending = self._close_open_calls(keep_unstarted=cancel is None)
         if cancel is not None:
             await self._cancel(cancel.text or "cancelled by the user")
             return
-        text = interrupt.text if interrupt is not None else "interrupted"
+        text = (interrupt.text if interrupt is not None else "") or "interrupted by the user"
+        if during is Phase.MODEL:
+            await self._end(StopReason.INTERRUPTED, f"{text} (during Model{kept})")
+            return
         if pending:
             await self._end(StopReason.INTERRUPTED, f"{text} (before the tool calls started)",
                             pending_actions=tuple(PendingAction(c, "interrupted") for c in pending),
                             last_safe_point=Phase.MID_TURN.value)
         else:
             await self._end(StopReason.INTERRUPTED, f"{text} (during {ctx.machine.state.value})")
+
+    def _keep_interrupted_answer(self) -> str:
+        """A model call was interrupted: keep the text that had streamed (as an assistant message marked
+        ``interrupted``) and count the call's tokens as an estimate. Returns a note for the stop detail."""
+        ctx = self.ctx
+        partial = "".join(self._streamed)
+        request = self._request
+        if request is not None:
+            ctx.usage = ctx.usage + Usage(count_message_tokens(request.messages), count_tokens(partial), estimated=True)
+        if self.journal is not None:
+            self.journal.record("model_call_interrupted", {"streamed_chars": len(partial)}, ctx.turn)
+        if not partial:
+            return ""
+        self._append(AssistantMessage((TextBlock(partial),), {"interrupted": True}))
+        return f"; the {len(partial)} characters that had streamed are kept in the transcript"
 
     def _close_open_calls(self, *, keep_unstarted: bool) -> list[ToolUseBlock]:
         """After an interrupted MidTurn: calls with no result get a synthetic one, except (when
@@ -439,12 +464,15 @@ class Driver:
             response: MessageResponse = await provider.chat(request)
             return response
         final: MessageResponse | None = None
+        streamed = self._streamed = []
         wants = self.bus.wants(ModelStreamEvent)
         has_filters = bool(self.chain.hooks("on_model_event"))
         stream = provider.chat_stream(request)
         try:
             async for event in stream:
-                if isinstance(event, MessageComplete):
+                if type(event) is TextDelta:
+                    streamed.append(event.text)
+                elif isinstance(event, MessageComplete):
                     final = event.full_response
                 if has_filters:
                     event = self.chain.model_event(event, ctx)
@@ -461,7 +489,8 @@ class Driver:
     async def _model(self) -> None:
         ctx = self.ctx
         ctx.turn += 1
-        request = self.build_request()
+        request = self._request = self.build_request()
+        self._streamed = []
         ctx.max_output_override = None
         call = self.chain.wrap("wrap_model_call", lambda req: self._provider_call(req), ctx)
         token = None

@@ -108,6 +108,8 @@ class Profile:
     headers: tuple[tuple[str, str], ...] = ()
     """Extra headers sent on every request (``anthropic-version`` ...)."""
     default_model: str | None = None
+    default_max_tokens: int | None = None
+    """``max_tokens`` sent when a request gives none (tokens), or ``None`` to leave it to the server."""
     capabilities: ProviderCapabilities = ProviderCapabilities()
     options: tuple[tuple[str, Any], ...] = ()
     """Protocol-specific switches (``("thinking_param", "enable_thinking")`` ...)."""
@@ -266,18 +268,23 @@ class HttpProvider(Provider):
         self.model = self.config.model or profile.default_model
         if not self.model:
             raise ConfigurationError(
-                f"provider {profile.name!r} needs a model name (--model or ProviderConfig(model=...))"
+                f"provider {profile.name!r} needs a model name (ProviderConfig(model=...); CLI: --model)"
             )
         base = self.config.base_url or profile.base_url
         if not base:
-            raise ConfigurationError(f"provider {profile.name!r} needs a base URL (--base-url)")
+            raise ConfigurationError(f"provider {profile.name!r} needs a base URL "
+                                     "(ProviderConfig(base_url=...); CLI: --base-url)")
+        if not base.startswith(("http://", "https://")):
+            raise ConfigurationError(f"base URL {base!r} must start with http:// or https:// "
+                                     "(e.g. http://localhost:8000/v1)")
         self.base_url = base.rstrip("/")
         self.api_key = self.config.api_key or next(
             (os.environ[k] for k in profile.api_key_env if os.environ.get(k)), None
         )
         if profile.auth != "none" and not self.api_key and not _is_local(self.base_url):
             env = " or ".join(profile.api_key_env) or "an API key"
-            raise ConfigurationError(f"provider {profile.name!r} needs an API key: set {env} or pass --api-key")
+            raise ConfigurationError(f"provider {profile.name!r} needs an API key: set {env} "
+                                     "(or ProviderConfig(api_key=...); CLI: --api-key)")
         self.tool_mode = self.config.tool_mode or profile.tool_mode
         from .http import HttpClient  # aiohttp is imported with the first HTTP provider, not with fsm_agent
 

@@ -532,8 +532,9 @@ class OpenAIChatProvider(HttpProvider):
                 body["tool_choice"] = tc
             if request.parallel_tool_calls is not None:
                 body["parallel_tool_calls"] = request.parallel_tool_calls
-        if request.max_tokens is not None:
-            body[prof.max_tokens_field] = request.max_tokens
+        max_tokens = request.max_tokens if request.max_tokens is not None else prof.default_max_tokens
+        if max_tokens is not None:
+            body[prof.max_tokens_field] = max_tokens
         if request.temperature is not None:
             body["temperature"] = request.temperature
         if request.top_p is not None:

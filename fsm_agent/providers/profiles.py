@@ -94,6 +94,8 @@ PROFILES: dict[str, Profile] = {
         tool_mode=ToolMode.CONSTRAINED,
         reasoning_field="reasoning_content",
         default_model="SmolLM2-135M-Instruct",
+        # a tiny model can repeat itself for thousands of tokens: cap answers unless asked otherwise
+        default_max_tokens=1024,
         capabilities=ProviderCapabilities(parallel_tools=False, context_window=8192),
     ),
 }

@@ -91,7 +91,10 @@ class PostgresStore(Store):
                 import asyncpg  # type: ignore[import-untyped]
             except ImportError:
                 raise ConfigurationError("PostgresStore needs asyncpg: pip install 'fsm-agent[postgres]'") from None
-            self._pool = await asyncpg.create_pool(self.dsn, min_size=self.min_size, max_size=self.max_size)
+            try:
+                self._pool = await asyncpg.create_pool(self.dsn, min_size=self.min_size, max_size=self.max_size)
+            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+                raise ConfigurationError(f"cannot connect to PostgreSQL at {self.dsn.split('@')[-1]}: {exc}") from exc
             await self.migrate()
         return self._pool
 
