@@ -29,6 +29,7 @@ import orjson
 
 from ._version import __version__
 from .errors import ConfigurationError, FsmAgentError, UserError
+from .plugins import DEFAULT_MIDDLEWARE
 from .types.run import StopReason
 
 __all__ = ["EXIT_CODES", "main"]
@@ -42,8 +43,6 @@ EXIT_CODES: dict[StopReason, int] = {
     StopReason.FAILED_TERMINAL: 7,
     StopReason.CANCELLED: 8,
 }
-DEFAULT_MIDDLEWARE = ("repair", "loop_detection")
-"""Plugins the CLI puts in every agent's chain (when installed), before ``--middleware`` ones."""
 _BUDGETS = {"iterations": ("max_iterations", int), "wall_clock": ("max_wall_clock", float),
             "tokens": ("max_tokens", int), "cost": ("max_cost_usd", float)}
 

@@ -20,9 +20,11 @@ from attrs import frozen
 from .errors import ConfigurationError
 from .middleware import Middleware
 
-__all__ = ["ENTRY_POINT_GROUP", "PluginInfo", "discover", "load_plugin"]
+__all__ = ["DEFAULT_MIDDLEWARE", "ENTRY_POINT_GROUP", "PluginInfo", "default_middleware", "discover", "load_plugin"]
 
 ENTRY_POINT_GROUP = "fsm_agent.middleware"
+DEFAULT_MIDDLEWARE = ("repair", "loop_detection")
+"""The plugins the CLI puts in every agent's chain: the message-repair passes and loop detection."""
 
 
 @frozen
@@ -44,6 +46,12 @@ def discover() -> list[PluginInfo]:
         dist = ep.dist.name if ep.dist is not None else "?"
         out.append(PluginInfo(ep.name, ep.value, dist))
     return sorted(out, key=lambda p: p.name)
+
+
+def default_middleware() -> list[Middleware]:
+    """Fresh instances of :data:`DEFAULT_MIDDLEWARE` (those installed), for ``Agent(middleware=...)``."""
+    installed = {p.name for p in discover()}
+    return [load_plugin(name)() for name in DEFAULT_MIDDLEWARE if name in installed]
 
 
 def load_plugin(name: str) -> type[Middleware]:
