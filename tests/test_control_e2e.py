@@ -103,7 +103,11 @@ async def test_llama_interrupt_mid_stream_then_resume(local_provider, tmp_path) 
                   config=RunConfig(max_output_tokens=400))
     result = await interrupt_after_first_delta(agent, "Write a long story about a lighthouse keeper.", "li")
     assert result.stop.reason is StopReason.INTERRUPTED and result.stop.resumable
-    assert result.stop.detail == "enough (during Model)"
+    assert result.stop.detail.startswith("enough (during Model; the ")
+    kept = result.messages[-1]
+    assert kept.role == "assistant" and kept.provider_data == {"interrupted": True} and kept.text
+    assert f"the {len(kept.text)} characters that had streamed are kept" in result.stop.detail
+    assert result.usage.estimated and result.usage.output_tokens > 0
     resumed = await agent.resume("li", max_output_tokens=30)
     assert resumed.stop.reason is StopReason.COMPLETED and resumed.output
 
