@@ -68,6 +68,7 @@ class Journal:
     """Ledger entries that may wait for the next commit (see :meth:`ledger`)."""
     last_checkpoint: str | None = None
     _lock: asyncio.Lock = field(factory=asyncio.Lock)
+    _config_cache: tuple[Any, Any] | None = None
     """Serializes commits: parallel tool calls write their ledger entries concurrently."""
 
     def record(self, type: str, payload: dict[str, Any], turn: int | None = None) -> int:
@@ -108,6 +109,13 @@ class Journal:
             if checkpoint is not None:
                 self.last_checkpoint = checkpoint.checkpoint_id
 
+    def _config(self, config: Any) -> Any:
+        """The run's config as JSON, made once per run (it does not change while a run goes on)."""
+        cached = self._config_cache
+        if cached is None or cached[0] is not config:
+            cached = self._config_cache = (config, unstructure(config))
+        return cached[1]
+
     def checkpoint(self, ctx: RunContext, safe_point: str) -> Checkpoint:
         """A checkpoint of ``ctx`` at the last buffered seq (call :meth:`flush` with it)."""
         data = {
@@ -119,7 +127,7 @@ class Journal:
             "pending_calls": [unstructure(c) for c in ctx.pending_calls],
             "elapsed": ctx.elapsed,
             "context_retry": ctx.context_retry,
-            "config": unstructure(ctx.config),
+            "config": self._config(ctx.config),
             "transcript_len": len(ctx.transcript),
             "state": ctx.machine.state.value,
             "evidence": list(ctx.evidence),

@@ -164,23 +164,32 @@ class SQLiteStore(Store):
     # -- the one write path ---------------------------------------------------------------
     async def write(self, batch: WriteBatch) -> None:
         db = self._db
+        first = batch.events[0].seq if batch.events else None
+        last = batch.events[-1].seq if batch.events else None
         db.execute("BEGIN IMMEDIATE")
         try:
-            row = db.execute("SELECT last_seq, lease_owner FROM sessions WHERE session_id=?", (batch.session_id,)).fetchone()
-            if row is None:
-                raise KeyError(f"unknown session {batch.session_id}")
-            last_seq, owner = row
-            if batch.expected_owner is not None and owner != batch.expected_owner:
-                raise LeaseLost(f"session {batch.session_id} is leased by {owner}, not {batch.expected_owner}")
+            # One conditional UPDATE claims the seq range, checks the lease and moves the state; only
+            # when it matches nothing is the row read, to say why.
+            cur = db.execute(
+                "UPDATE sessions SET last_seq=COALESCE(?, last_seq), updated_at=?, state=COALESCE(?, state), "
+                "stop=COALESCE(?, stop) WHERE session_id=? AND (? IS NULL OR last_seq=?) "
+                "AND (? IS NULL OR lease_owner=?)",
+                (last, time.time(), batch.state, _j(batch.stop) if batch.stop is not None else None, batch.session_id,
+                 first, (first or 1) - 1, batch.expected_owner, batch.expected_owner))
+            if cur.rowcount != 1:
+                row = db.execute("SELECT last_seq, lease_owner FROM sessions WHERE session_id=?",
+                                 (batch.session_id,)).fetchone()
+                if row is None:
+                    raise KeyError(f"unknown session {batch.session_id}")
+                if batch.expected_owner is not None and row[1] != batch.expected_owner:
+                    raise LeaseLost(f"session {batch.session_id} is leased by {row[1]}, not {batch.expected_owner}")
+                raise ValueError(f"event seq {first} does not follow {row[0]}")
             if batch.events:
-                if batch.events[0].seq != last_seq + 1:
-                    raise ValueError(f"event seq {batch.events[0].seq} does not follow {last_seq}")
                 db.executemany(
                     "INSERT INTO events VALUES (?,?,?,?,?,?,?,?)",
                     [(e.session_id, e.seq, e.event_id, e.turn_id, e.type, e.ts, _j(e.payload), e.schema_version)
                      for e in batch.events],
                 )
-                last_seq = batch.events[-1].seq
             ck = batch.checkpoint
             if ck is not None:
                 db.execute("INSERT INTO checkpoints VALUES (?,?,?,?,?,?,?)",
@@ -192,14 +201,6 @@ class SQLiteStore(Store):
                       x.turn, _j(x.result) if x.result is not None else None, x.updated_at, x.schema_version)
                      for x in batch.ledger],
                 )
-            sets, args = ["last_seq=?", "updated_at=?"], [last_seq, time.time()]
-            if batch.state is not None:
-                sets.append("state=?")
-                args.append(batch.state)
-            if batch.stop is not None:
-                sets.append("stop=?")
-                args.append(_j(batch.stop))
-            db.execute(f"UPDATE sessions SET {', '.join(sets)} WHERE session_id=?", (*args, batch.session_id))
             db.execute("COMMIT")
         except BaseException:
             db.execute("ROLLBACK")
