@@ -221,7 +221,7 @@ async def load_session(store: Store, session_id: str) -> LoadedSession | None:
     ck = await store.latest_checkpoint(session_id)
     until = ck.seq if ck is not None else record.last_seq
     transcript: list[Message] = []
-    for ev in await store.read_events(session_id, 0, until):
+    for ev in await store.read_events(session_id, 0, until, types=("message",)):
         ev = upgrade_event(ev)
         if ev.type == "message":
             transcript.append(structure(ev.payload["message"], Message))

@@ -197,6 +197,9 @@ def classify_error(
 ) -> ProviderError:
     """The most specific :class:`ProviderError` for an error response.
 
+    A server's explicit ``x-should-retry: true|false`` header (Anthropic, OpenAI) overrides the
+    class's retryable default.
+
     Args:
         status: HTTP status (``None`` or 200 for an error found inside a stream).
         body: the error body as bytes, text or parsed JSON (any provider's shape).
@@ -204,6 +207,21 @@ def classify_error(
         provider: profile name recorded on the error.
         in_stream: the error arrived inside a 200 stream; unrecognized ones become :class:`StreamError`.
     """
+    err = _classify(status, body, headers, provider=provider, in_stream=in_stream)
+    should = {k.lower(): v for k, v in (headers or {}).items()}.get("x-should-retry", "").strip().lower()
+    if should in ("true", "false"):
+        err.retryable = should == "true"
+    return err
+
+
+def _classify(
+    status: int | None,
+    body: Any,
+    headers: Mapping[str, str] | None,
+    *,
+    provider: str | None,
+    in_stream: bool,
+) -> ProviderError:
     hdrs = {k.lower(): v for k, v in (headers or {}).items()}
     if isinstance(body, bytes):
         body_text = body[:_BODY_LIMIT].decode("utf-8", "replace")

@@ -52,6 +52,9 @@ from .sse import ServerSentEvent
 __all__ = ["OpenAIResponsesProvider", "OpenAIResponsesStreamParser", "keep_reasoning_items",
            "map_status", "messages_to_input", "parse_output", "parse_usage"]
 
+_ANNOTATIONS = frozenset({"url_citation", "file_citation", "file_path", "container_file_citation"})
+"""The annotation types of Responses output text (OpenAI API reference, ``output_text.annotations``)."""
+
 SOURCE = "openai-responses"
 _SEP = "\n\n"
 _NOT_OUTPUT = frozenset({"reasoning", "function_call_output", "computer_call_output", "item_reference",
@@ -174,7 +177,10 @@ def _assistant_items(m: AssistantMessage, store: bool | None) -> list[dict[str, 
             if not b.text:
                 continue
             mid = next(next_id)
-            part = {"type": "output_text", "text": b.text, "annotations": list(b.citations)}
+            # only OpenAI's own annotation types: citations from another protocol (after a provider
+            # switch) would be rejected
+            part = {"type": "output_text", "text": b.text,
+                    "annotations": [a for a in b.citations if isinstance(a, dict) and a.get("type") in _ANNOTATIONS]}
             if msg is not None and msg.get("id") == mid:
                 msg["content"].append(part)
                 continue

@@ -212,8 +212,9 @@ class Store(abc.ABC):
         """
 
     @abc.abstractmethod
-    async def read_events(self, session_id: str, after_seq: int = 0, until_seq: int | None = None) -> list[EventRecord]:
-        """Events with ``after_seq < seq <= until_seq`` in seq order."""
+    async def read_events(self, session_id: str, after_seq: int = 0, until_seq: int | None = None,
+                          types: Sequence[str] | None = None) -> list[EventRecord]:
+        """Events with ``after_seq < seq <= until_seq`` (of ``types`` only, when given) in seq order."""
 
     @abc.abstractmethod
     async def latest_checkpoint(self, session_id: str) -> Checkpoint | None: ...

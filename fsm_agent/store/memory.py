@@ -66,8 +66,10 @@ class MemoryStore(Store):
             changes["stop"] = batch.stop
         self._sessions[batch.session_id] = evolve(s, **changes)
 
-    async def read_events(self, session_id: str, after_seq: int = 0, until_seq: int | None = None) -> list[EventRecord]:
-        return [e for e in self._events.get(session_id, ()) if e.seq > after_seq and (until_seq is None or e.seq <= until_seq)]
+    async def read_events(self, session_id: str, after_seq: int = 0, until_seq: int | None = None,
+                          types: Sequence[str] | None = None) -> list[EventRecord]:
+        return [e for e in self._events.get(session_id, ())
+                if e.seq > after_seq and (until_seq is None or e.seq <= until_seq) and (types is None or e.type in types)]
 
     async def latest_checkpoint(self, session_id: str) -> Checkpoint | None:
         cid = self._latest.get(session_id)

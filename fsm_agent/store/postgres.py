@@ -192,12 +192,13 @@ class PostgresStore(Store):
                 "stop=COALESCE($4::jsonb, stop) WHERE session_id=$1",
                 batch.session_id, last_seq, batch.state, _j(batch.stop) if batch.stop is not None else None)
 
-    async def read_events(self, session_id: str, after_seq: int = 0, until_seq: int | None = None) -> list[EventRecord]:
+    async def read_events(self, session_id: str, after_seq: int = 0, until_seq: int | None = None,
+                          types: Sequence[str] | None = None) -> list[EventRecord]:
         pool = await self.pool()
         rows = await pool.fetch(
             "SELECT session_id, seq, type, payload, turn_id, ts, event_id, schema_version FROM events "
-            "WHERE session_id=$1 AND seq>$2 AND seq<=$3 ORDER BY seq",
-            session_id, after_seq, until_seq if until_seq is not None else 2**62)
+            "WHERE session_id=$1 AND seq>$2 AND seq<=$3 AND ($4::text[] IS NULL OR type = ANY($4::text[])) ORDER BY seq",
+            session_id, after_seq, until_seq if until_seq is not None else 2**62, list(types) if types else None)
         return [EventRecord(r[0], r[1], r[2], _l(r[3]), r[4], r[5], r[6], r[7]) for r in rows]
 
     @staticmethod

@@ -207,11 +207,13 @@ class SQLiteStore(Store):
             raise
 
     # -- reads --------------------------------------------------------------------------
-    async def read_events(self, session_id: str, after_seq: int = 0, until_seq: int | None = None) -> list[EventRecord]:
+    async def read_events(self, session_id: str, after_seq: int = 0, until_seq: int | None = None,
+                          types: Sequence[str] | None = None) -> list[EventRecord]:
+        only = f" AND type IN ({','.join('?' * len(types))})" if types else ""
         rows = self._db.execute(
             "SELECT session_id, seq, type, payload, turn_id, ts, event_id, schema_version FROM events "
-            "WHERE session_id=? AND seq>? AND seq<=? ORDER BY seq",
-            (session_id, after_seq, until_seq if until_seq is not None else 2**62),
+            f"WHERE session_id=? AND seq>? AND seq<=?{only} ORDER BY seq",
+            (session_id, after_seq, until_seq if until_seq is not None else 2**62, *(types or ())),
         )
         return [EventRecord(r[0], r[1], r[2], orjson.loads(r[3]), r[4], r[5], r[6], r[7]) for r in rows]
 

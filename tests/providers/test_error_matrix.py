@@ -64,3 +64,13 @@ async def test_error_status_maps_to_its_class(status: int, name: str, shape: Any
     assert err.retryable is retryable
     assert err.status == status and message in str(err)
     assert len(server.requests) == (2 if retryable else 1)
+
+
+def test_x_should_retry_overrides_the_default() -> None:
+    from fsm_agent.providers import classify_error
+
+    body = {"type": "error", "error": {"type": "api_error", "message": "boom"}}
+    assert classify_error(500, body).retryable is True
+    assert classify_error(500, body, {"X-Should-Retry": "false"}).retryable is False
+    assert classify_error(400, {"error": {"message": "x", "type": "invalid_request_error"}},
+                          {"x-should-retry": "true"}).retryable is True
