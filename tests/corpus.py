@@ -222,3 +222,42 @@ def case(name: str) -> Path:
 
 def b64(s: str) -> bytes:
     return base64.b64decode(s)
+
+
+def case_messages(raw: list[dict[str, Any]]) -> list[Any]:
+    """The cases' neutral OpenAI-like history (CASES.md "Conventions") as fsm_agent messages.
+
+    ``reasoning_content`` becomes a thinking block from the openai-chat protocol; content given as a
+    list of blocks keeps its text and tool_use blocks in order.
+    """
+    from fsm_agent.types import (
+        AssistantMessage,
+        SystemMessage,
+        TextBlock,
+        ThinkingBlock,
+        ToolResultMessage,
+        ToolUseBlock,
+        UserMessage,
+    )
+
+    out: list[Any] = []
+    for m in raw:
+        role, content = m["role"], m.get("content")
+        if role == "system":
+            out.append(SystemMessage(content))
+        elif role == "user":
+            out.append(UserMessage(content))
+        elif role == "tool":
+            out.append(ToolResultMessage(m["tool_call_id"], content))
+        else:
+            blocks: list[Any] = []
+            if m.get("reasoning_content"):
+                blocks.append(ThinkingBlock(m["reasoning_content"], source="openai-chat"))
+            if isinstance(content, str):
+                blocks.append(TextBlock(content))
+            for b in content if isinstance(content, list) else []:
+                blocks.append(TextBlock(b["text"]) if b["type"] == "text"
+                              else ToolUseBlock(b["id"], b["name"], b["input"]))
+            blocks += [ToolUseBlock(c["id"], c["name"], c["arguments"]) for c in m.get("tool_calls") or []]
+            out.append(AssistantMessage(tuple(blocks)))
+    return out

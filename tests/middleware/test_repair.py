@@ -36,7 +36,7 @@ from middleware.repair import (
     truncate_old_tool_results,
 )
 
-from corpus import CASES
+from corpus import CASES, case_messages
 ANTHROPIC, OPENAI, GENERIC = RULES["anthropic"], RULES["openai-chat"], RULES["generic"]
 
 
@@ -44,26 +44,6 @@ def load(name: str) -> Any:
     return json.loads((CASES / name).read_text())
 
 
-def convert(raw: list[dict[str, Any]]) -> list[Message]:
-    """The cases' neutral OpenAI-like history as fsm_agent messages."""
-    out: list[Message] = []
-    for m in raw:
-        role, content = m["role"], m.get("content")
-        if role == "system":
-            out.append(SystemMessage(content))
-        elif role == "user":
-            out.append(UserMessage(content))
-        elif role == "tool":
-            out.append(ToolResultMessage(m["tool_call_id"], content))
-        else:
-            if isinstance(content, list):
-                blocks: list[Any] = [TextBlock(b["text"]) if b["type"] == "text" else
-                                     ToolUseBlock(b["id"], b["name"], b["input"]) for b in content]
-            else:
-                blocks = [] if content is None else [TextBlock(content)]
-            blocks += [ToolUseBlock(c["id"], c["name"], c["arguments"]) for c in m.get("tool_calls", [])]
-            out.append(AssistantMessage(tuple(blocks)))
-    return out
 
 
 def roles(messages: list[Message]) -> list[str]:
@@ -115,7 +95,7 @@ def test_drop_empty_content_keeps_untouched_messages_identical() -> None:
 # -- pass 1: trim_to_context_window (B01) ---------------------------------------------------
 def test_b01_trim_removes_whole_groups_and_starts_on_a_user_message() -> None:
     case, want = load("B01.json"), load("B01.expected.json")
-    ms = convert(case["messages"])
+    ms = case_messages(case["messages"])
     budget = case["trim_budget"]["max_non_system_messages"]
     naive = [ms[0], *ms[-budget:]]
     assert roles(naive) == want["naive_keep_last_5_would_give_roles"]  # the bug this case is about
@@ -238,7 +218,7 @@ def test_same_id_twice_in_one_turn_takes_two_results() -> None:
 def test_b02_filtered_history_gets_an_unavailable_result() -> None:
     case = load("B02.json")["cases"][0]
     want = load("B02.expected.json")[case["name"]]
-    ms = convert(case["messages"])
+    ms = case_messages(case["messages"])
     out = synthesize_missing_results(ms)
     assert roles(out) == want["repaired_roles"]
     (syn,) = [m for m in out if isinstance(m, ToolResultMessage)]
@@ -254,7 +234,7 @@ def test_b02_filtered_history_gets_an_unavailable_result() -> None:
 def test_b02_interrupted_parallel_call_gets_a_cancelled_result_in_call_order() -> None:
     case = load("B02.json")["cases"][1]
     want = load("B02.expected.json")[case["name"]]
-    ms = convert(case["messages"])
+    ms = case_messages(case["messages"])
     out = synthesize_missing_results(ms)
     assert roles(out) == want["repaired_roles"]
     assert [m.tool_call_id for m in out if isinstance(m, ToolResultMessage)] == ["toolu_PH_10", "toolu_PH_11"]
@@ -358,7 +338,7 @@ def anthropic_wire(ms: list[Message]) -> tuple[Any, list[dict[str, Any]]]:
 
 
 def test_b01_through_the_pipeline() -> None:
-    ms = convert(load("B01.json")["messages"])
+    ms = case_messages(load("B01.json")["messages"])
     out = repair_messages(ms, budget_tokens=5, count=non_system)
     assert roles(out) == load("B01.expected.json")["repaired_roles"]
     assert no_orphans(out)
@@ -368,7 +348,7 @@ def test_b01_through_the_pipeline() -> None:
 def test_b02_through_the_pipeline_and_the_anthropic_body(index: int) -> None:
     case = load("B02.json")["cases"][index]
     want = load("B02.expected.json")[case["name"]]
-    out = repair_messages(convert(case["messages"]), rules=ANTHROPIC)
+    out = repair_messages(case_messages(case["messages"]), rules=ANTHROPIC)
     assert roles(out) == want["repaired_roles"]
     _, body = anthropic_wire(out)
     assert [b["role"] for b in body] == want["anthropic_body_roles"]
@@ -384,7 +364,7 @@ def test_b02_through_the_pipeline_and_the_anthropic_body(index: int) -> None:
 
 def test_b04_anthropic_body() -> None:
     want = load("B04.expected.json")["anthropic"]
-    out = repair_messages(convert(load("B04.json")["messages"]), rules=ANTHROPIC)
+    out = repair_messages(case_messages(load("B04.json")["messages"]), rules=ANTHROPIC)
     _, body = anthropic_wire(out)
     assert [b["role"] for b in body] == want["roles"]
     texts = [c["text"] for b in body for c in b["content"] if c["type"] == "text"]
@@ -399,7 +379,7 @@ def test_b04_openai_chat_body() -> None:
     from fsm_agent.providers.openai_chat import messages_to_wire
 
     want = load("B04.expected.json")["openai_chat"]
-    out = repair_messages(convert(load("B04.json")["messages"]), rules=OPENAI)
+    out = repair_messages(case_messages(load("B04.json")["messages"]), rules=OPENAI)
     # the pipeline itself already dropped the blank turn and the blank text blocks
     assert roles(out) == ["user", "assistant", "tool", "assistant", "tool", "user"]
     body = messages_to_wire(tuple(out))
@@ -419,7 +399,7 @@ def lookup_invoice(invoice_id: str) -> str:
 
 
 async def test_middleware_repairs_the_call_context_but_not_the_transcript() -> None:
-    history = convert(load("B02.json")["cases"][0]["messages"])
+    history = case_messages(load("B02.json")["cases"][0]["messages"])
     provider = ScriptedProvider(["It is due on 1 February."])
     result = await Agent(provider, tools=[lookup_invoice], middleware=[MessageRepair()]).run(history)
     assert result.stop.reason is StopReason.COMPLETED

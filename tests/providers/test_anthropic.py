@@ -20,6 +20,7 @@ import pytest
 from attrs import evolve
 
 import corpus
+from corpus import case_messages
 from fsm_agent.errors import (
     AuthenticationError,
     ConfigurationError,
@@ -627,27 +628,6 @@ async def test_tool_result_without_its_call_is_rejected_as_invalid_history() -> 
 
 
 # ---------------------------------------------------------------------------- cases B02 / B04
-def neutral(messages: list[dict[str, Any]]) -> list[Any]:
-    """Case messages (OpenAI-ish dicts) as neutral messages."""
-    out: list[Any] = []
-    for m in messages:
-        role, content = m["role"], m.get("content")
-        if role == "system":
-            out.append(SystemMessage(content))
-        elif role == "user":
-            out.append(UserMessage(content))
-        elif role == "tool":
-            out.append(ToolResultMessage(m["tool_call_id"], content))
-        else:
-            blocks: list[Any] = []
-            if isinstance(content, str):
-                blocks.append(TextBlock(content))
-            for b in content if isinstance(content, list) else []:
-                blocks.append(TextBlock(b["text"]) if b["type"] == "text"
-                              else ToolUseBlock(b["id"], b["name"], b["input"]))
-            blocks += [ToolUseBlock(c["id"], c["name"], c["arguments"]) for c in m.get("tool_calls") or []]
-            out.append(AssistantMessage(tuple(blocks)))
-    return out
 
 
 def repaired(messages: list[Any], synthesized: list[dict[str, Any]]) -> list[Any]:
@@ -682,7 +662,7 @@ def _all_text_blocks(wire: list[dict[str, Any]]) -> list[str]:
 def test_b02_tool_results_filtered_out_of_history() -> None:
     case = json.loads(corpus.case("B02.json").read_text())["cases"][0]
     want = json.loads(corpus.case("B02.expected.json").read_text())[case["name"]]
-    history = repaired(neutral(case["messages"]), want["synthesized"])
+    history = repaired(case_messages(case["messages"]), want["synthesized"])
     assert [m.role for m in history] == want["repaired_roles"]
     system, wire = messages_to_wire(history)
     assert system == "You help with accounts payable."
@@ -698,7 +678,7 @@ def test_b02_tool_results_filtered_out_of_history() -> None:
 def test_b02_interrupted_between_parallel_tools() -> None:
     case = json.loads(corpus.case("B02.json").read_text())["cases"][1]
     want = json.loads(corpus.case("B02.expected.json").read_text())[case["name"]]
-    history = repaired(neutral(case["messages"]), want["synthesized"])
+    history = repaired(case_messages(case["messages"]), want["synthesized"])
     assert [m.role for m in history] == want["repaired_roles"]
     _, wire = messages_to_wire(history)
     assert [m["role"] for m in wire] == want["anthropic_body_roles"]
@@ -717,7 +697,7 @@ def test_b02_interrupted_between_parallel_tools() -> None:
 def test_b04_empty_text_blocks_and_empty_assistant_turns() -> None:
     case = json.loads(corpus.case("B04.json").read_text())
     want = json.loads(corpus.case("B04.expected.json").read_text())["anthropic"]
-    history = neutral(case["messages"])
+    history = case_messages(case["messages"])
     assert isinstance(history[1], AssistantMessage) and history[1].content[0] == TextBlock("")
     _, wire = messages_to_wire(history)
     assert [m["role"] for m in wire] == want["roles"]

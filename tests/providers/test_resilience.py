@@ -12,7 +12,7 @@ from typing import Any
 import orjson
 import pytest
 
-from corpus import CASES
+from corpus import CASES, case_messages
 from fsm_agent import Agent, RunConfig, StopReason
 from fsm_agent.errors import (
     EmptyResponseError,
@@ -36,13 +36,8 @@ from fsm_agent.providers import (
 from fsm_agent.providers.openai_chat import messages_to_wire
 from fsm_agent.testing import RecordedResponse, ReplayServer
 from fsm_agent.types import (
-    AssistantMessage,
     CostUpdate,
     MessageRequest,
-    TextBlock,
-    ThinkingBlock,
-    ToolResultMessage,
-    ToolUseBlock,
     Usage,
     UserMessage,
 )
@@ -280,22 +275,7 @@ def test_b20_every_case_is_classified() -> None:
 
 # -- B06: DeepSeek reasoning_content goes back verbatim, only to providers that take it --------------------
 def b06_messages() -> tuple[Any, ...]:
-    out: list[Any] = []
-    for m in json.loads((CASES / "B06.json").read_text())["messages"]:
-        if m["role"] == "user":
-            out.append(UserMessage(m["content"]))
-        elif m["role"] == "assistant":
-            blocks: list[Any] = []
-            if m.get("reasoning_content"):
-                blocks.append(ThinkingBlock(m["reasoning_content"], source="openai-chat"))
-            if m.get("content"):
-                blocks.append(TextBlock(m["content"]))
-            for tc in m.get("tool_calls") or ():
-                blocks.append(ToolUseBlock(tc["id"], tc["name"], tc["arguments"]))
-            out.append(AssistantMessage(tuple(blocks)))
-        else:
-            out.append(ToolResultMessage(m["tool_call_id"], m["content"]))
-    return tuple(out)
+    return tuple(case_messages(json.loads((CASES / "B06.json").read_text())["messages"]))
 
 
 def test_b06_deepseek_echoes_reasoning_content_verbatim() -> None:
