@@ -125,6 +125,10 @@ class Driver:
         """The model request in flight (for accounting an interrupted call)."""
         self._streamed: list[str] = []
         """Text deltas of the model call in flight."""
+        self._started_ids: set[str] = set()
+        """Tool calls of the current MidTurn that started executing."""
+        self._done_results: dict[str, ToolResultMessage] = {}
+        """Results of the current MidTurn's executed calls, by call id."""
         ctx.call_provider = self._provider_call
 
     # -- transitions and persistence ---------------------------------------------------
@@ -357,10 +361,10 @@ class Driver:
         calls = list(ctx.pending_calls)
         answered = {m.tool_call_id for m in ctx.transcript if isinstance(m, ToolResultMessage)}
         open_calls = [c for c in calls if c.id not in answered]
-        started: set[str] = getattr(self, "_started_ids", set())
+        started = self._started_ids
         if keep_unstarted and not any(c.id in started for c in open_calls):
             return open_calls
-        done = getattr(self, "_done_results", {})
+        done = self._done_results
         for c in calls:
             if c.id in answered:
                 continue
@@ -619,8 +623,8 @@ class Driver:
             calls = list(ctx.last_response.tool_calls)
             ctx.pending_calls = list(calls)
         results: dict[str, ToolResultMessage] = dict(ctx.extra_stop.pop("decided_results", {}))
-        self._started_ids: set[str] = set()
-        self._done_results: dict[str, ToolResultMessage] = {}
+        self._started_ids = set()
+        self._done_results = {}
         to_run: list[ToolUseBlock] = []
         pending: list[PendingAction] = []
         approved: dict[str, Any] = {}  # a person's decisions whose calls have not run yet
