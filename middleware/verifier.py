@@ -133,8 +133,8 @@ class ModelGrader:
     The grader sees what the model saw: the task is the first user message of
     ``ctx.messages`` (already masked when a Redaction middleware ran), the answer
     is ``ctx.last_response``'s text. The call goes through ``ctx.call_provider``
-    (streamed to observers) and its tokens are added to ``ctx.usage``, so token
-    budgets count them (cost in USD is not added: see the report on core changes).
+    (streamed to observers) with ``account=True``: its tokens and cost (USD) count toward the
+    run's usage and budgets.
 
     Args:
         provider: the grader model, or ``None`` for the run's own provider.
@@ -189,14 +189,12 @@ class ModelGrader:
         raw = ""
         for _ in range(self.attempts):
             try:
-                response = await ctx.call_provider(request, provider=self.provider)
+                response = await ctx.call_provider(request, provider=self.provider, account=True)
             except ProviderError as exc:
                 stop = StopReason.WAITING_HUMAN if exc.retryable else StopReason.FAILED_TERMINAL
                 raise StopRun(stop, f"verifier: the grader call failed: {exc}", error=exc.to_info(),
                               required_decision=("the answer could not be verified: accept it, or resume to "
                                                  "verify again") if exc.retryable else None) from exc
-            if response.usage is not None:
-                ctx.usage = ctx.usage + response.usage
             raw = response.text
             parsed = parse_verdict(raw)
             calls.append({"raw": raw, "verdict": parsed, "response_id": response.id, "usage": response.usage})

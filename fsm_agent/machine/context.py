@@ -113,9 +113,10 @@ class RunContext:
     outbox: list[Any] = field(factory=list)
     """Observer events queued by middleware with :meth:`emit`; delivered after the current hook."""
     call_provider: Any = None
-    """``await ctx.call_provider(request, provider=None) -> MessageResponse``: one model call through the
-    runtime's streaming path (observers see the deltas), with ``provider`` instead of the run's when given.
-    Set by the driver; middleware use it for fallbacks and model-graded checks."""
+    """``await ctx.call_provider(request, provider=None, *, account=False) -> MessageResponse``: one model
+    call through the runtime's streaming path (observers see the deltas), with ``provider`` instead of
+    the run's when given; ``account=True`` adds its usage and cost to the run (for calls outside the
+    Model phase, e.g. a grader). Set by the driver; middleware use it for fallbacks and graders."""
 
     def emit(self, event: Any) -> None:
         """Queue an observer event (e.g. :class:`~fsm_agent.types.BudgetWarning`); middleware cannot await

@@ -133,9 +133,12 @@ class Driver:
 
     # -- transitions and persistence ---------------------------------------------------
     async def _flush_outbox(self) -> None:
-        """Deliver observer events middleware queued with ``ctx.emit``."""
+        """Deliver observer events middleware queued with ``ctx.emit`` (and log them in the session)."""
         while self.ctx.outbox:
-            await self.bus.emit(self.ctx.outbox.pop(0))
+            event = self.ctx.outbox.pop(0)
+            if self.journal is not None:
+                self.journal.record(getattr(event, "TAG", type(event).__name__), unstructure(event), self.ctx.turn)
+            await self.bus.emit(event)
 
     async def _fire(self, trigger: Trigger, reason: str) -> None:
         await self._flush_outbox()
@@ -460,10 +463,19 @@ class Driver:
             thinking=cfg.thinking,
         )
 
-    async def _provider_call(self, request: MessageRequest, provider: Any = None) -> MessageResponse:
-        """One call to ``provider`` (default: the run's), streamed when configured; deltas go to observers."""
+    async def _provider_call(self, request: MessageRequest, provider: Any = None, *,
+                             account: bool = False) -> MessageResponse:
+        """One call to ``provider`` (default: the run's), streamed when configured; deltas go to observers.
+
+        ``account``: add the call's usage and cost to the run (for calls made outside the Model phase,
+        such as a model-graded verifier's; the Model phase accounts its own call)."""
+        response = await self._call(request, provider or self.ctx.provider)
+        if account:
+            self._account(request, response)
+        return response
+
+    async def _call(self, request: MessageRequest, provider: Any) -> MessageResponse:
         ctx = self.ctx
-        provider = provider or ctx.provider
         if not (ctx.config.stream and provider.capabilities.streaming):
             response: MessageResponse = await provider.chat(request)
             return response

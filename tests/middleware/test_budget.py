@@ -294,3 +294,14 @@ async def test_llama_wrap_up_turn_has_no_tools_and_answers(local_provider: Any) 
     assert result.stop.reason is StopReason.COMPLETED
     assert result.stop.detail == ("answered in the wrap-up turn (model_calls budget exhausted: 1 of 1 model "
                                   "calls used) (decided by budget)")
+
+
+async def test_budget_warnings_are_kept_in_the_session_log() -> None:
+    from fsm_agent import MemoryStore
+
+    store = MemoryStore()
+    agent = Agent(ScriptedProvider(calls(5)), tools=[echo, ping], middleware=[Budget(max_tool_calls=4)], store=store)
+    result = await agent.run("go", session_id="warned")
+    logged = [e.payload for e in await store.read_events("warned") if e.type == "budget_warning"]
+    assert [(w["budget"], w["used"], w["limit"]) for w in logged] == [("tool_calls", 4, 4)]
+    assert result.stop.reason is StopReason.PAUSED_BUDGET and result.stop.budget == "tool_calls"
