@@ -101,15 +101,16 @@ async def test_iterations_budget_pauses_at_the_limit() -> None:
 async def test_wall_clock_budget_pauses_after_the_time() -> None:
     script = [tool_call_response(("echo", {"text": "x"}))] * 20
     rec = Recorder()
-    provider = ScriptedProvider(script, delay=0.15)
+    provider = ScriptedProvider(script, delay=0.3)
     result = await Agent(provider, tools=[echo], observers=[rec],
-                         config=RunConfig(max_wall_clock=0.4)).run("go")
+                         config=RunConfig(max_wall_clock=0.75)).run("go")
     SEEN.update(rec.transitions())
     assert result.stop.reason is StopReason.PAUSED_BUDGET
     assert result.stop.budget == "wall_clock"
-    # 0.15 s per call: the third call ends at ~0.45 s > 0.4 s, so exactly 3 calls were made
+    # 0.3 s per call: 0.6 s after two calls (under 0.75 s, with 0.15 s to spare for the runtime),
+    # 0.9 s after the third: exactly 3 calls were made
     assert result.turns == 3
-    assert result.duration_s >= 0.4
+    assert result.duration_s >= 0.75
     assert "wall-clock budget exhausted" in result.stop.detail
 
 
