@@ -50,12 +50,16 @@ async def test_paused_session_is_listed_shown_and_resumed_with_a_budget() -> Non
 
 async def test_control_interrupt_from_another_process_stops_a_stream() -> None:
     slow = b"".join(chunk({"content": "word "}) for _ in range(400)) + chunk({}, "stop") + b"data: [DONE]\n\n"
-    server = ReplayServer([RecordedResponse(200, slow, "text/event-stream", chunk_delay=0.01)], chunk_sizes=[64])
+    server = ReplayServer([RecordedResponse(200, slow, "text/event-stream", chunk_delay=0.02)], chunk_sizes=[64])
     base = await server.start()
     try:
         run = asyncio.ensure_future(cli("run", "talk", "--base-url", base, "--model", "m", "--api-key", "k",
                                         "--session-id", "sess-int", "--no-default-middleware"))
-        await asyncio.sleep(2.0)
+        for _ in range(300):  # wait until the other process's model call is streaming
+            if server.requests:
+                break
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(0.5)
         code, _, err = await cli("control", "sess-int", "interrupt", "stop now")
         assert code == 0 and "queued interrupt for session sess-int" in err
         code, out, err = await run
