@@ -69,6 +69,9 @@ class _Printer:
             self.out.flush()
             self.open_line = not text.endswith("\n")
 
+    def end_line(self) -> None:
+        self._nl()
+
     def _nl(self) -> None:
         if self.open_line:
             self.out.write("\n")
@@ -243,6 +246,8 @@ async def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             if printer is not None:
                 err.write(f"fsm-agent: session {session_id}\n")
             result = await agent.run(args.task, session_id=session_id, metadata={"cli": settings})
+            if printer is not None:
+                printer.end_line()  # finish the streamed answer before the local server's goodbye
     finally:
         await store.close()
     return _report(result, args, printer, out, err)
@@ -312,6 +317,8 @@ async def _resume(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             agent = factory.agent(store, None, [printer] if printer else [])
             result = await agent.resume(args.session_id, decisions=decisions, confirm_cancel=args.confirm_cancel,
                                         **limits)
+            if printer is not None:
+                printer.end_line()
     finally:
         await store.close()
     return _report(result, args, printer, out, err)
