@@ -332,7 +332,7 @@ def test_a_new_id_never_takes_a_later_original_id() -> None:
 
 # -- the pipeline on the cases --------------------------------------------------------------
 def anthropic_wire(ms: list[Message]) -> tuple[Any, list[dict[str, Any]]]:
-    from fsm_agent.providers.anthropic import messages_to_wire  # a colleague's module; used as it is today
+    from fsm_agent.providers.anthropic import messages_to_wire
 
     return messages_to_wire(ms)
 
