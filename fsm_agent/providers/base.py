@@ -215,7 +215,7 @@ class StreamParser(Protocol):
     def finish(self) -> list[StreamEvent]: ...
 
 
-_CONTENT_EVENTS = (TextDelta, ThinkingDelta, ToolCallArgumentsDelta)
+_CONTENT_EVENTS = frozenset({TextDelta, ThinkingDelta, ToolCallArgumentsDelta})
 
 
 class Provider(ABC):
@@ -468,20 +468,23 @@ class HttpProvider(Provider):
                         yield event
                     return
                 decoder = SSEDecoder(self.config.max_event_bytes)
-                events = self._stream_events(resp, decoder, parser, first_timeout, started)
+                batches = self._stream_batches(resp, decoder, parser, first_timeout, started)
                 if constrained:
                     from .constrained import ConstrainedStream
 
-                    events = ConstrainedStream(request).wrap(events)
-                async for event in events:
-                    if isinstance(event, MessageComplete):
-                        if event.full_response.is_empty and not produced:
-                            raise EmptyResponseError(
-                                "the model returned an empty response", provider=self.name, partial=event.full_response
-                            )
-                    elif isinstance(event, _CONTENT_EVENTS):
-                        produced = True
-                    yield event
+                    batches = _batched(ConstrainedStream(request).wrap(_flatten(batches)))
+                async for batch in batches:  # one batch per network read: fewer generator hops per event
+                    for event in batch:
+                        t = type(event)
+                        if t is MessageComplete:
+                            if event.full_response.is_empty and not produced:  # type: ignore[union-attr]
+                                raise EmptyResponseError(
+                                    "the model returned an empty response", provider=self.name,
+                                    partial=event.full_response,  # type: ignore[union-attr]
+                                )
+                        elif t in _CONTENT_EVENTS:
+                            produced = True
+                        yield event
                 return
             except ProviderError as exc:
                 if exc.partial is None and getattr(parser, "partial", None) is not None:
@@ -500,24 +503,38 @@ class HttpProvider(Provider):
                     raise
                 await asyncio.sleep(wait)
 
-    async def _stream_events(
+    async def _stream_batches(
         self, resp: Any, decoder: SSEDecoder, parser: StreamParser, first_timeout: float | None, started: float
-    ) -> AsyncIterator[StreamEvent]:
+    ) -> AsyncIterator[list[StreamEvent]]:
+        """The stream events of each network read, as one list per read."""
         from .http import iter_sse
 
         tap: list[bytes] | None = [] if self._http.recorder is not None else None
         try:
-            async for sse in iter_sse(
+            async for sses in iter_sse(
                 resp, decoder, provider=self.name, first_event_timeout=first_timeout,
                 chunk_timeout=self.config.chunk_timeout, started=started, tap=tap,
             ):
-                for event in parser.feed(sse):
-                    yield event
-            for event in parser.finish():
-                yield event
+                out: list[StreamEvent] = []
+                for sse in sses:
+                    out += parser.feed(sse)
+                if out:
+                    yield out
+            yield parser.finish()
         finally:
             if tap is not None:
                 self._http.record(resp, b"".join(tap))
+
+
+async def _flatten(batches: AsyncIterator[list[StreamEvent]]) -> AsyncIterator[StreamEvent]:
+    async for batch in batches:
+        for event in batch:
+            yield event
+
+
+async def _batched(events: AsyncIterator[StreamEvent]) -> AsyncIterator[list[StreamEvent]]:
+    async for event in events:
+        yield [event]
 
 
 def _events_for(response: MessageResponse) -> list[StreamEvent]:

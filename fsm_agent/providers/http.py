@@ -142,8 +142,9 @@ async def iter_sse(
     chunk_timeout: float | None,
     started: float | None = None,
     tap: list[bytes] | None = None,
-) -> AsyncIterator[ServerSentEvent]:
-    """Yield the SSE events of ``resp`` as they arrive, enforcing the two stream timeouts.
+) -> AsyncIterator[list[ServerSentEvent]]:
+    """Yield the SSE events of ``resp`` as they arrive (the events each network read completed, as
+    one non-empty list), enforcing the two stream timeouts.
 
     Raises:
         ProviderTimeoutError: no data event within ``first_event_timeout`` seconds of ``started``
@@ -155,37 +156,46 @@ async def iter_sse(
     loop = asyncio.get_running_loop()
     content = resp.content
     got_first = False
+    stalled = False
+
+    def on_deadline() -> None:  # a watchdog, not a per-read timeout: one timer re-armed per data event
+        nonlocal stalled
+        stalled = True
+        resp.close()  # wakes the pending read; the loop below reports the timeout
+
+    def timeout_error() -> ProviderTimeoutError:
+        if got_first:
+            return ProviderTimeoutError(
+                f"stream stalled: no data for {chunk_timeout:g} s between chunks "
+                "(raise chunk_timeout if the model is slow)", provider=provider)
+        return ProviderTimeoutError(
+            f"no first token within {first_event_timeout:g} s "
+            "(raise first_token_timeout for slow models or very long prompts)", provider=provider)
+
     t0 = loop.time() if started is None else started
-    deadline = None if first_event_timeout is None else t0 + first_event_timeout
+    watchdog = None if first_event_timeout is None else loop.call_at(t0 + first_event_timeout, on_deadline)
     try:
         while True:
+            if watchdog is None and got_first and chunk_timeout is not None:
+                # re-armed when reading resumes: the consumer's time between events is not the server's
+                watchdog = loop.call_at(loop.time() + chunk_timeout, on_deadline)
             try:
-                if deadline is None:
-                    chunk = await content.readany()
-                else:
-                    async with asyncio.timeout_at(deadline):
-                        chunk = await content.readany()
-            except TimeoutError as exc:
-                if got_first:
-                    raise ProviderTimeoutError(
-                        f"stream stalled: no data for {chunk_timeout:g} s between chunks "
-                        "(raise chunk_timeout if the model is slow)",
-                        provider=provider,
-                    ) from exc
-                raise ProviderTimeoutError(
-                    f"no first token within {first_event_timeout:g} s "
-                    "(raise first_token_timeout for slow models or very long prompts)",
-                    provider=provider,
-                ) from exc
+                chunk = await content.readany()
             except aiohttp.ClientPayloadError as exc:
+                if stalled:
+                    raise timeout_error() from exc
                 raise ProviderConnectionError(
                     f"the connection dropped in the middle of the stream ({exc})", provider=provider
                 ) from exc
             except (aiohttp.ClientError, ConnectionError) as exc:
+                if stalled:
+                    raise timeout_error() from exc
                 raise ProviderConnectionError(
                     f"the connection failed in the middle of the stream ({type(exc).__name__}: {exc})",
                     provider=provider,
                 ) from exc
+            if stalled:
+                raise timeout_error()
             if not chunk:
                 break
             if tap is not None:
@@ -193,16 +203,19 @@ async def iter_sse(
             events = decoder.feed(chunk)
             if events:
                 got_first = True
-                if chunk_timeout is not None:
-                    deadline = loop.time() + chunk_timeout
-                for event in events:
-                    yield event
-        for event in decoder.flush():
-            yield event
+                if watchdog is not None:
+                    watchdog.cancel()
+                    watchdog = None
+                yield events
+        rest = decoder.flush()
+        if rest:
+            yield rest
     finally:
-        if content.at_eof():
+        if watchdog is not None:
+            watchdog.cancel()
+        if content.at_eof() and not stalled:
             resp.release()
-        else:  # abandoned or failed mid-body: the connection cannot be reused
+        else:  # abandoned, stalled or failed mid-body: the connection cannot be reused
             resp.close()
 
 
