@@ -7,7 +7,7 @@ from typing import Any, TypeVar, overload
 from attrs import evolve, field, frozen
 
 from ..errors import ExtraTypeError
-from .content import ContentBlock, TextBlock, ThinkingBlock, ToolUseBlock
+from .content import _tuple, ContentBlock, TextBlock, ThinkingBlock, ToolUseBlock
 from .messages import AssistantMessage, Message, ModelStopReason, Usage
 
 __all__ = [
@@ -19,10 +19,6 @@ __all__ = [
 
 T = TypeVar("T")
 _MISSING = object()
-
-
-def _tuple(value: Any) -> tuple[Any, ...]:
-    return value if isinstance(value, tuple) else tuple(value)
 
 
 @frozen

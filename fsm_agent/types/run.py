@@ -13,7 +13,7 @@ from typing import Any
 
 from attrs import field, frozen
 
-from .content import ToolUseBlock
+from .content import _tuple, ToolUseBlock
 from .messages import Message, ModelStopReason, Usage
 
 __all__ = [
@@ -22,10 +22,6 @@ __all__ = [
     "RunStop",
     "StopReason",
 ]
-
-
-def _tuple(value: Any) -> tuple[Any, ...]:
-    return value if isinstance(value, tuple) else tuple(value)
 
 
 class StopReason(str, enum.Enum):
