@@ -9,11 +9,15 @@
     │   ├── ChainError                 a middleware chain that cannot be built (cycle, missing
     │   │                              requirement, sync/async mismatch, change after freezing)
     │   ├── ExtraTypeError (+TypeError) MessageRequest.extra holds the wrong type for a key
-    │   └── ResumeError                resuming a session that cannot be resumed
+    │   ├── ResumeError                resuming a session that cannot be resumed
+    │   └── SessionExistsError (+KeyError)  a new run given the id of a session that exists
     └── RunError                       a failure while a run is under way
         ├── ToolArgumentsError         a tool call's arguments do not match its schema
         ├── MiddlewareError            a fail-closed middleware raised (wraps the cause)
         ├── LeaseLost                  another worker holds the session's lease; this one must stop writing
+        ├── StoreError                 a store read or write failed (disk full, read-only, locked, gone);
+        │                              names the store's location and the cause; ``transient`` says
+        │                              whether retrying may help
         └── ProviderError              anything a provider call can fail with; carries
             │                          status, body, headers (lower-cased), provider, retryable
             ├── RateLimitError         429 (retry_after seconds when the server says)
@@ -82,8 +86,10 @@ __all__ = [
     "ResumeError",
     "RunError",
     "ServerError",
+    "SessionExistsError",
     "Signal",
     "StopRun",
+    "StoreError",
     "StreamError",
     "ToolArgumentsError",
     "ToolDefinitionError",
@@ -119,6 +125,22 @@ class ResumeError(UserError):
     """The session cannot be resumed (it ended COMPLETED, FAILED_TERMINAL or CANCELLED, or is unknown)."""
 
 
+class SessionExistsError(UserError, KeyError):
+    """A new run was given the id of a session that already exists.
+
+    Use :meth:`~fsm_agent.Agent.resume` to continue it, or pass another ``session_id``
+    (or none, for a fresh one). Subclasses ``KeyError`` for stores written before it existed.
+    """
+
+    def __init__(self, session_id: str) -> None:
+        super().__init__(session_id)
+        self.session_id = session_id
+
+    def __str__(self) -> str:
+        return (f"session {self.session_id!r} already exists; resume it (Agent.resume / fsm-agent resume) "
+                "or choose another session id")
+
+
 class RunError(FsmAgentError):
     """A failure while a run is under way."""
 
@@ -147,6 +169,27 @@ class MiddlewareError(RunError):
 class LeaseLost(RunError):  # noqa: N818 - a condition the driver reacts to
     """This worker no longer holds the session's lease (it expired and another worker took it);
     its writes are refused so that one session is driven by one worker at a time."""
+
+
+class StoreError(RunError):
+    """A store operation failed for a reason outside fsm_agent: a full disk, a read-only file, a
+    database locked past its busy timeout, a dropped database connection.
+
+    Attributes:
+        location: the store's file path or DSN (without password).
+        operation: what was being done (``write``, ``acquire_lease`` ...).
+        cause: the underlying error's text.
+        transient: ``True`` when retrying the same operation later may succeed (locked, connection
+            lost); ``False`` when a person must act (disk full, read-only, corrupt).
+    """
+
+    def __init__(self, location: str, operation: str, cause: BaseException | str, *, transient: bool) -> None:
+        self.location = location
+        self.operation = operation
+        self.cause = cause if isinstance(cause, str) else f"{type(cause).__name__}: {cause}"
+        self.transient = transient
+        hint = "retrying may help" if transient else "free space, fix permissions or repair the store, then resume"
+        super().__init__(f"store {location}: {operation} failed: {self.cause} ({hint})")
 
 
 class ProviderError(RunError):
