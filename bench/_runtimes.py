@@ -236,8 +236,8 @@ class Fsm(Runtime):
         self.tmp: tempfile.TemporaryDirectory[str] | None = None
         if k is None:  # the CLI's defaults: MessageRepair + LoopDetection, and the SQLite store
             from fsm_agent.store import SQLiteStore
-            from middleware.loop_detection import LoopDetection
-            from middleware.repair import MessageRepair
+            from fsm_agent_middleware.loop_detection import LoopDetection
+            from fsm_agent_middleware.repair import MessageRepair
 
             self.name = "fsm:default"
             self.tmp = tempfile.TemporaryDirectory(prefix="fsm-bench-")

@@ -64,7 +64,7 @@ IMPORT_PROBES = (
     ("fsm_agent", "import fsm_agent"),
     ("fsm_agent + chat provider + default middleware + SQLite",
      "import fsm_agent; from fsm_agent.providers.openai_chat import OpenAIChatProvider; "
-     "import middleware.repair, middleware.loop_detection; from fsm_agent.store import SQLiteStore"),
+     "import fsm_agent_middleware.repair, middleware.loop_detection; from fsm_agent.store import SQLiteStore"),
     ("openai", "import openai"),
     ("langchain: create_agent + ChatOpenAI", "from langchain.agents import create_agent; "
      "from langchain_openai import ChatOpenAI"),

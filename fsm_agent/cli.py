@@ -477,7 +477,7 @@ def _build_parser() -> argparse.ArgumentParser:
                    help="add an installed middleware plugin (see `fsm-agent middleware list`)")
     r.add_argument("--no-default-middleware", action="store_true",
                    help=f"leave out the default plugins ({', '.join(DEFAULT_MIDDLEWARE)})")
-    r.add_argument("--policy", help="a tool policy file (see middleware.tool_policy)")
+    r.add_argument("--policy", help="a tool policy file (see fsm_agent_middleware.tool_policy)")
     r.add_argument("--max-iterations", type=int, default=50, help="model calls per run (default 50)")
     r.add_argument("--timeout", type=float, default=600.0, help="wall-clock budget in seconds (default 600)")
     r.add_argument("--max-tokens", type=int, help="token budget over the run (input + output)")

@@ -17,7 +17,7 @@ tool names offered in the next model call; the registry itself is unchanged):
   turns is evicted at the tick, even when slots are free (automatic eviction);
 * the active set is about what the model is *offered*, not a permission: a
   call to an inactive but registered tool still runs (and re-activates the
-  tool). Use :mod:`middleware.tool_policy` to forbid tools.
+  tool). Use :mod:`fsm_agent_middleware.tool_policy` to forbid tools.
 
 **Re-activation** is by a small meta-tool, ``activate_tool`` (name
 configurable; ``activation_tool=None`` turns it off). It is added to the

@@ -131,4 +131,4 @@ async def test_middleware_list_shows_installed_plugins() -> None:
     for name in ("approval", "budget", "loop_detection", "redaction", "repair", "retry", "tool_activation",
                  "tool_policy", "verifier"):
         assert any(line.startswith(name + " ") for line in out.splitlines()), name
-    assert "middleware.loop_detection:LoopDetection" in out and "order=innermost" in out
+    assert "fsm_agent_middleware.loop_detection:LoopDetection" in out and "order=innermost" in out

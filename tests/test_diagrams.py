@@ -16,10 +16,10 @@ from fsm_agent.types import unstructure
 
 AGENT_MODULE = '''
 from fsm_agent import Agent, ScriptedProvider
-from middleware.loop_detection import LoopDetection
-from middleware.repair import MessageRepair
-from middleware.tool_policy import ToolPolicy
-from middleware.verifier import Verifier
+from fsm_agent_middleware.loop_detection import LoopDetection
+from fsm_agent_middleware.repair import MessageRepair
+from fsm_agent_middleware.tool_policy import ToolPolicy
+from fsm_agent_middleware.verifier import Verifier
 
 agent = Agent(ScriptedProvider([]), middleware=[ToolPolicy.from_dict({"default": "allow", "rule": []}),
                                                 MessageRepair(), LoopDetection(), Verifier(lambda ctx: True)])

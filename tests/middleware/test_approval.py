@@ -26,8 +26,8 @@ from fsm_agent import (
 from fsm_agent.control import Decision
 from fsm_agent.providers import tool_call_response
 from fsm_agent.tools.demo import calculator
-from middleware.approval import DECISIONS, DecisionError, HumanApproval, Resolution, apply_decisions
-from middleware.tool_policy import ToolPolicy
+from fsm_agent_middleware.approval import DECISIONS, DecisionError, HumanApproval, Resolution, apply_decisions
+from fsm_agent_middleware.tool_policy import ToolPolicy
 
 RAN: list[str] = []
 

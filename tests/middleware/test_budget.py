@@ -24,7 +24,7 @@ from fsm_agent.pricing import Price, register_price
 from fsm_agent.providers import text_response, tool_call_response
 from fsm_agent.tools.demo import calculator
 from fsm_agent.types import BudgetWarning, Usage
-from middleware.budget import DEFAULT_WRAP_UP_MESSAGE, Budget
+from fsm_agent_middleware.budget import DEFAULT_WRAP_UP_MESSAGE, Budget
 
 
 @tool

@@ -13,8 +13,8 @@ from fsm_agent import Agent, Middleware, RunConfig, ScriptedProvider, StopReason
 from fsm_agent.providers import ProviderConfig, tool_call_response
 from fsm_agent.tools.demo import calculator
 from fsm_agent.types import Message, RunResult, ToolResultMessage, ToolUseBlock, UserMessage
-from middleware.loop_detection import NOTICE_PREFIX, LoopDetection, call_identity, find_repetition
-from middleware.repair import MessageRepair
+from fsm_agent_middleware.loop_detection import NOTICE_PREFIX, LoopDetection, call_identity, find_repetition
+from fsm_agent_middleware.repair import MessageRepair
 
 from corpus import CASES
 B22 = {c["name"]: c for c in json.loads((CASES / "B22.json").read_text())["cases"]}

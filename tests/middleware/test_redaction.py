@@ -36,7 +36,7 @@ from fsm_agent.types import (
     UserMessage,
     dumps,
 )
-from middleware.redaction import Redaction, RedactionFilter, iban_valid, luhn_valid
+from fsm_agent_middleware.redaction import Redaction, RedactionFilter, iban_valid, luhn_valid
 
 EMAIL = "alice.smith@example.com"
 KEY = "sk-proj-A1b2C3d4E5f6G7h8I9j0K1l2"

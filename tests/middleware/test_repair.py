@@ -21,7 +21,7 @@ from fsm_agent.types import (
     UserMessage,
 )
 from fsm_agent.types.tokens import count_message_tokens, estimate_request_tokens
-from middleware.repair import (
+from fsm_agent_middleware.repair import (
     RULES,
     MessageRepair,
     drop_empty_content,

@@ -24,7 +24,7 @@ from fsm_agent.errors import (
 from fsm_agent.providers import ProviderConfig, RetryPolicy
 from fsm_agent.testing import RecordedResponse, ReplayServer
 from fsm_agent.types import ModelStreamEvent, TextDelta
-from middleware.retry import RetryFallback
+from fsm_agent_middleware.retry import RetryFallback
 
 BODIES = CORPUS / "bodies"
 RATE_LIMITED = (BODIES / "openai_chat/observed__error_payloads.jsonl.0.body").read_bytes()  # "try again in 6ms"

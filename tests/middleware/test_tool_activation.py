@@ -21,9 +21,9 @@ from fsm_agent import (
 )
 from fsm_agent.providers import tool_call_response
 from fsm_agent.tools.demo import calculator, clock
-from middleware.budget import Budget
-from middleware.tool_activation import ToolActivation
-from middleware.tool_policy import ToolPolicy
+from fsm_agent_middleware.budget import Budget
+from fsm_agent_middleware.tool_activation import ToolActivation
+from fsm_agent_middleware.tool_policy import ToolPolicy
 
 NAMES = ["one", "two", "three", "four", "five"]
 

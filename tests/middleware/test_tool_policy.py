@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-import middleware.tool_policy as tool_policy_module
+import fsm_agent_middleware.tool_policy as tool_policy_module
 from conftest import Recorder
 from fsm_agent import (
     Agent,
@@ -28,9 +28,9 @@ from fsm_agent import (
 )
 from fsm_agent.providers import tool_call_response
 from fsm_agent.tools.demo import calculator
-from middleware.approval import HumanApproval
-from middleware.budget import Budget
-from middleware.tool_policy import PolicyError, ToolPolicy
+from fsm_agent_middleware.approval import HumanApproval
+from fsm_agent_middleware.budget import Budget
+from fsm_agent_middleware.tool_policy import PolicyError, ToolPolicy
 
 EXAMPLE = Path(__file__).parent / "data" / "policy.toml"
 DEFAULT_DENY = "no rule of the tool policy allows tool {!r} (default: deny)"

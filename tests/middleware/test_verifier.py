@@ -21,8 +21,8 @@ from fsm_agent import (
 from fsm_agent.errors import AuthenticationError, ServerError
 from fsm_agent.providers import tool_call_response
 from fsm_agent.types import ModelStreamEvent, TextDelta, Usage
-from middleware.redaction import Redaction
-from middleware.verifier import GRADER_INSTRUCTIONS, VERDICT_FORMAT, ModelGrader, Verdict, Verifier, parse_verdict
+from fsm_agent_middleware.redaction import Redaction
+from fsm_agent_middleware.verifier import GRADER_INSTRUCTIONS, VERDICT_FORMAT, ModelGrader, Verdict, Verifier, parse_verdict
 
 FEEDBACK = "Your answer did not pass verification: {}\nFix it and answer again."
 
