@@ -389,10 +389,10 @@ async def _control(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
 
 def _diagram(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    from .diagrams import DEFAULT_PATH, check_diagram, chains_of, render_machine, trace_of, write_diagram
+    from .diagrams import check_diagram, chains_of, default_diagram_path, render_machine, trace_of, write_diagram
 
     if args.check:
-        path = args.output or DEFAULT_PATH
+        path = (args.output or default_diagram_path()).resolve()
         problem = check_diagram(path)
         if problem:
             err.write(problem + "\n")
@@ -402,13 +402,13 @@ def _diagram(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     chains = chains_of(args.agent) if args.agent else None
     trace = trace_of(Path(args.trace)) if args.trace else None
     if chains is None and trace is None and not args.stdout:
-        path = write_diagram(args.output or DEFAULT_PATH)
+        path = write_diagram(args.output)
         err.write(f"wrote {path}\n")
         return 0
     text = render_machine(chains=chains, trace=trace, title=args.agent or (Path(args.trace).name if args.trace else None))
     if args.output:
         args.output.write_text(text)
-        err.write(f"wrote {args.output}\n")
+        err.write(f"wrote {args.output.resolve()}\n")
     else:
         out.write(text)
     return 0
@@ -524,8 +524,10 @@ def _build_parser() -> argparse.ArgumentParser:
     _common(c)
 
     d = sub.add_parser("diagram", help="render the state machine as Mermaid")
-    d.add_argument("--check", action="store_true", help="exit 1 when the committed diagram differs")
-    d.add_argument("--output", "-o", type=Path, default=None, help="file to write (default diagrams/agent_loop.mmd)")
+    d.add_argument("--check", action="store_true", help="exit 1 when the committed diagram (or --output) differs")
+    d.add_argument("--output", "-o", type=Path, default=None,
+                   help="file to write or check (default: diagrams/agent_loop.mmd of the fsm_agent checkout, "
+                        "wherever you run this; an installed copy needs --output)")
     d.add_argument("--stdout", action="store_true", help="print instead of writing")
     d.add_argument("--agent", metavar="MODULE:ATTR", help="show the middleware chains of this Agent")
     d.add_argument("--trace", metavar="EVENTS.jsonl", help="mark the path of a run (`fsm-agent sessions show ID --events`)")

@@ -6,6 +6,11 @@
 
 Output is deterministic (table order), so ``fsm-agent diagram --check`` and the
 test can compare it byte for byte with the committed file.
+
+The committed file is ``diagrams/agent_loop.mmd`` of the repository, found from where this
+package lives (:func:`repository_root`), never from the current directory: ``fsm-agent
+diagram`` run anywhere in (or outside) a checkout writes and checks the same file. An
+installed copy has no repository; there, pass a path.
 """
 
 from __future__ import annotations
@@ -17,9 +22,42 @@ from pathlib import Path
 from .machine.phases import PHASES, TRANSITIONS, Phase
 from .types.run import StopReason
 
-__all__ = ["DEFAULT_PATH", "chains_of", "check_diagram", "render_machine", "trace_of", "write_diagram"]
+__all__ = ["DEFAULT_PATH", "chains_of", "check_diagram", "default_diagram_path", "render_machine", "repository_root",
+           "trace_of", "write_diagram"]
 
 DEFAULT_PATH = Path("diagrams") / "agent_loop.mmd"
+"""Where the machine's diagram lives, relative to the repository root (:func:`repository_root`)."""
+
+
+def repository_root() -> Path | None:
+    """The fsm_agent checkout this package was imported from, or ``None`` for an installed copy.
+
+    It is the directory holding the ``fsm_agent`` package when that directory also holds
+    ``diagrams/`` and ``pyproject.toml`` or ``setup.cfg`` (a source checkout, or an editable
+    install of one); ``site-packages`` holds neither.
+    """
+    root = Path(__file__).resolve().parent.parent
+    if (root / "diagrams").is_dir() and ((root / "pyproject.toml").is_file() or (root / "setup.cfg").is_file()):
+        return root
+    return None
+
+
+def default_diagram_path() -> Path:
+    """The absolute path of the repository's ``diagrams/agent_loop.mmd``.
+
+    Raises:
+        ConfigurationError: fsm_agent runs from an installed copy, not a checkout, so there is
+            no repository file; the message says to give a path.
+    """
+    from .errors import ConfigurationError
+
+    root = repository_root()
+    if root is None:
+        raise ConfigurationError(
+            f"fsm_agent is installed at {Path(__file__).resolve().parent}, not run from a checkout, so there is no "
+            f"repository {DEFAULT_PATH} to write or check; give --output PATH (e.g. --output {DEFAULT_PATH}) "
+            "or use --stdout")
+    return root / DEFAULT_PATH
 
 _PHASE_HOOKS = {
     Phase.PRE_TURN: ("pre_turn",),
@@ -82,14 +120,28 @@ def render_machine(
     return "\n".join(lines) + "\n"
 
 
-def write_diagram(path: Path = DEFAULT_PATH) -> Path:
+def write_diagram(path: Path | None = None) -> Path:
+    """Write the machine's diagram to ``path`` (default: :func:`default_diagram_path`); returns the
+    absolute path written.
+
+    Raises:
+        ConfigurationError: no ``path`` and no repository (see :func:`default_diagram_path`).
+        OSError: the file cannot be written.
+    """
+    path = (path or default_diagram_path()).resolve()
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(render_machine(), encoding="utf-8")
     return path
 
 
-def check_diagram(path: Path = DEFAULT_PATH) -> str | None:
-    """``None`` when ``path`` holds exactly what the table renders, else a message saying what differs."""
+def check_diagram(path: Path | None = None) -> str | None:
+    """``None`` when ``path`` (default: :func:`default_diagram_path`) holds exactly what the table
+    renders, else a message saying what differs.
+
+    Raises:
+        ConfigurationError: no ``path`` and no repository (see :func:`default_diagram_path`).
+    """
+    path = path or default_diagram_path()
     expected = render_machine()
     try:
         actual = path.read_text(encoding="utf-8")

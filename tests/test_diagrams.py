@@ -70,3 +70,55 @@ async def test_diagram_of_a_run_marks_the_path(tmp_path: Path) -> None:
     assert main(["diagram", "--trace", str(path)], out=out, err=io.StringIO()) == 0
     assert out.getvalue() == render_machine(trace=moves, title="events.jsonl")
 
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_the_repository_is_found_from_the_package_not_the_working_directory(tmp_path: Path, monkeypatch) -> None:
+    from fsm_agent.diagrams import default_diagram_path, repository_root
+
+    monkeypatch.chdir(tmp_path)
+    assert repository_root() == ROOT
+    assert default_diagram_path() == ROOT / "diagrams" / "agent_loop.mmd"
+
+
+def test_diagram_check_from_another_directory_checks_the_repository_file(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "fsm_agent.cli", "diagram", "--check"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    committed = ROOT / "diagrams" / "agent_loop.mmd"
+    if committed.read_text() == render_machine():  # whether it is stale is test_committed_diagram_matches_the_table's job
+        assert (proc.returncode, proc.stderr) == (0, f"{committed} is up to date\n")
+    else:
+        assert proc.returncode == 1 and proc.stderr.startswith(f"{committed} differs from the transition table")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_diagram_writes_into_the_repository_wherever_it_runs(tmp_path: Path, monkeypatch) -> None:
+    checkout, elsewhere = tmp_path / "checkout", tmp_path / "elsewhere"
+    (checkout / "diagrams").mkdir(parents=True)
+    elsewhere.mkdir()
+    monkeypatch.setattr("fsm_agent.diagrams.repository_root", lambda: checkout)  # never rewrite the real file
+    monkeypatch.chdir(elsewhere)
+    err = io.StringIO()
+    assert main(["diagram"], out=io.StringIO(), err=err) == 0
+    assert (checkout / "diagrams" / "agent_loop.mmd").read_text() == render_machine()
+    assert err.getvalue() == f"wrote {checkout / 'diagrams' / 'agent_loop.mmd'}\n"
+    assert list(elsewhere.iterdir()) == []
+
+
+def test_an_installed_copy_needs_an_explicit_output(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr("fsm_agent.diagrams.repository_root", lambda: None)
+    monkeypatch.chdir(tmp_path)
+    for argv in (["diagram"], ["diagram", "--check"]):
+        err = io.StringIO()
+        assert main(argv, out=io.StringIO(), err=err) == 2
+        assert "not run from a checkout" in err.getvalue() and "give --output PATH" in err.getvalue()
+    assert list(tmp_path.iterdir()) == []
+    err = io.StringIO()
+    assert main(["diagram", "--output", "diagrams/agent_loop.mmd"], out=io.StringIO(), err=err) == 0
+    assert (tmp_path / "diagrams" / "agent_loop.mmd").read_text() == render_machine()
+    assert err.getvalue() == f"wrote {tmp_path.resolve() / 'diagrams' / 'agent_loop.mmd'}\n"
