@@ -54,6 +54,7 @@ from .providers import (
     ToolMode,
     create_provider,
 )
+from .plugins import default_middleware
 from .store import MemoryStore, SQLiteStore, Store
 from .tools import RUN_AGAIN, Tool, ToolContext, ToolEffect, ToolRegistry, tool
 from .types import (
@@ -163,6 +164,7 @@ __all__ = [
     "UserMessage",
     "__version__",
     "create_provider",
+    "default_middleware",
     "tool",
 ]
 
