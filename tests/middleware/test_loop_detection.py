@@ -77,6 +77,9 @@ def test_call_identity_ignores_key_order_and_keeps_raw_text() -> None:
     ([("A", "1"), ("B", "2"), ("A", "1"), ("B", "3"), ("A", "1"), ("B", None)], None),
     ([("A", "1"), ("B", "2"), ("C", "3")] * 2 + [("A", "1"), ("B", "2"), ("C", None)], 3),
     ([("A", "1"), ("B", "2"), ("C", "3")] * 2 + [("A", "1"), ("C", "2"), ("C", None)], None),
+    # a call that did not run matches any result, but does not join two different results
+    ([("A", "1"), ("A", None), ("A", "2")], None),
+    ([("A", "1"), ("A", None), ("A", "1")], 1),
 ])
 def test_find_repetition(steps: list[tuple[str, str | None]], want: int | None) -> None:
     assert find_repetition(steps, repeats=3) == want
@@ -260,3 +263,208 @@ async def test_a_call_denied_by_another_middleware_again_and_again_is_a_loop() -
     assert result.turns == 4 and result.tool_calls == 0  # stopped before the 5th model call
     notice = [m for m in provider.requests[2].messages if m.text.startswith(NOTICE_PREFIX)]
     assert len(notice) == 1  # the model was warned first
+
+
+# -- progress versus no progress, alternation through denials, resume (issue 8 item 4) ---------------
+# Seed 000 §5.4.2: a window of 12 call signatures, patterns of length 1-3, "the same pattern 3 times in
+# a row". Defaults here: warned after 2 repetitions, the proposal that makes the 3rd is denied, the next
+# one in the loop (after the model saw that denial) stops the run.
+
+def _alternating(pattern: list[str], results: dict[str, list[str]]) -> tuple[list[Tool], list[str]]:
+    """Tools named in ``pattern`` (no arguments) answering from ``results[name]`` in turn (the last repeats)."""
+    ran: list[str] = []
+
+    def make(name: str) -> Tool:
+        def run() -> str:
+            n = ran.count(name)
+            ran.append(name)
+            answers = results.get(name, [f"{name}: nothing new"])
+            return answers[min(n, len(answers) - 1)]
+        return Tool(run, name=name, parameters={"type": "object", "properties": {}})
+
+    return [make(n) for n in dict.fromkeys(pattern)], ran
+
+
+async def _run_names(names: list[str], results: dict[str, list[str]] | None = None,
+                     extra: tuple[Middleware, ...] = (), mw: LoopDetection | None = None,
+                     final: str = "final answer") -> tuple[RunResult, list[str], ScriptedProvider, LoopDetection, Any]:
+    tools, ran = _alternating(names, results or {})
+    provider = ScriptedProvider([tool_call_response((n, {})) for n in names] + [final])
+    mw = mw or LoopDetection()
+    agent = Agent(provider, tools=tools, middleware=[*extra, mw])
+    ctx = agent.new_context([UserMessage("go")])
+    result = await agent.driver(ctx).run()
+    return result, ran, provider, mw, ctx
+
+
+async def test_polling_that_makes_progress_runs_a_dozen_times_without_a_warning() -> None:
+    # the same call 14 times (more than the window of 12), a new status every time
+    statuses = [f"build 7f3a: {pct}% of 40 targets compiled" for pct in range(5, 75, 5)]
+    result, ran, provider, mw, ctx = await _run_names(["build_status"] * len(statuses), {"build_status": statuses})
+    assert ran == ["build_status"] * 14
+    assert mw.detections(ctx) == [] and denials(result) == []
+    assert not any(notices(r.messages) for r in provider.requests)
+    assert result.stop.reason is StopReason.COMPLETED
+
+
+async def test_polling_that_stalls_is_warned_blocked_and_stopped() -> None:
+    # progress first (10% -> 20%), then the same answer: the stall counts from the first repeated result
+    result, ran, provider, mw, ctx = await _run_names(["job"] * 6, {"job": ["10%", "20%", "20%"]})
+    assert ran == ["job"] * 3  # 10%, 20%, 20%; the 4th proposal is denied, the 5th stops the run
+    assert [(d["action"], d["turn"]) for d in mw.detections(ctx)] == [("warn", 4), ("block", 4), ("stop", 5)]
+    assert [bool(notices(r.messages)) for r in provider.requests] == [False, False, False, True, False]
+    assert result.stop.reason is StopReason.FAILED_TERMINAL
+    assert result.stop.error == {"kind": "loop_detected", "pattern": ["job {}"], "blocked": 1, "executed_in_loop": 2}
+
+
+@pytest.mark.parametrize(("max_blocks", "executed", "proposals", "actions"), [
+    (1, 2, 4, ["warn", "block", "stop"]),          # the defaults: 3rd proposal denied, 4th stops
+    (2, 2, 5, ["warn", "block", "block", "stop"]),  # one more denial seen before the stop
+    (0, 2, 3, ["warn", "stop"]),                    # no denial: the 3rd proposal stops
+])
+async def test_the_same_result_escalates_at_the_seed_thresholds(max_blocks: int, executed: int, proposals: int,
+                                                                actions: list[str]) -> None:
+    result, ran, provider, mw, ctx = await _run_names(["list_dir"] * 8, {"list_dir": ["0 entries"]},
+                                                      mw=LoopDetection(max_blocks=max_blocks))
+    assert len(ran) == executed
+    assert len(provider.requests) == proposals  # the model call whose proposal stopped the run is the last
+    assert [d["action"] for d in mw.detections(ctx)] == actions
+    assert len(denials(result)) == max_blocks
+    assert result.stop.reason is StopReason.FAILED_TERMINAL and result.stop.error["kind"] == "loop_detected"  # type: ignore[index]
+
+
+async def test_a_result_that_flips_between_two_values_is_no_progress() -> None:
+    # one call, results on/off/on/off: no length-1 repeat, but a length-2 pattern whose results repeat
+    result, ran, _, mw, ctx = await _run_names(["toggle"] * 9, {"toggle": ["on", "off"] * 5})
+    assert ran == ["toggle"] * 5  # on, off, on, off, on; the 6th is denied, the 7th stops
+    assert [d["action"] for d in mw.detections(ctx)] == ["warn", "block", "stop"]
+    assert result.stop.reason is StopReason.FAILED_TERMINAL
+    assert result.stop.detail.startswith("loop detected: toggle {} -> toggle {} already ran 2 times in a row "
+                                         "(as a sequence) with the same result each time ('off'; 'on')")
+
+
+async def test_a_pattern_counts_only_when_its_results_repeat_too() -> None:
+    # check, wait, check, wait ...: "wait" always says the same, but "check" makes progress, so the
+    # length-2 pattern is not a loop (and "wait" is never repeated twice in a row)
+    checks = [f"{n} of 9 replicas ready" for n in range(1, 10)]
+    names = ["check", "wait"] * 8
+    result, ran, provider, mw, ctx = await _run_names(names, {"check": checks, "wait": ["waited 5s"]})
+    assert ran == names and mw.detections(ctx) == []
+    assert result.stop.reason is StopReason.COMPLETED
+
+
+async def test_alternation_stops_by_the_third_repetition_through_its_own_denial() -> None:
+    # a, b, a, b, a, b(denied), a: before this fix the denied b fell out of the history and the loop
+    # went on for two more repetitions
+    result, ran, provider, mw, ctx = await _run_names(["a", "b"] * 8)
+    assert ran == ["a", "b", "a", "b", "a"]
+    assert [d["action"] for d in mw.detections(ctx)] == ["warn", "block", "stop"]
+    assert len(provider.requests) == 7 and result.stop.reason is StopReason.FAILED_TERMINAL
+    assert result.stop.error == {"kind": "loop_detected", "pattern": ["b {}", "a {}"], "blocked": 1,
+                                 "executed_in_loop": 5}
+
+
+class DenyNamed(Middleware):
+    """A policy that denies every call to the named tools."""
+
+    def __init__(self, *names: str) -> None:
+        self.names = names
+
+    def on_tool_call(self, call: ToolUseBlock, ctx: Any) -> Any:
+        from fsm_agent import Deny
+        return Deny(f"{call.name} is not allowed here") if call.name in self.names else None
+
+
+async def test_alternation_with_a_policy_denying_every_other_call_stops_by_the_third_repetition() -> None:
+    # a runs, b is denied by a policy before loop detection sees it: a, b(denied) x3, then a stops the run
+    result, ran, provider, mw, ctx = await _run_names(["a", "b"] * 8, extra=(DenyNamed("b"),))
+    assert ran == ["a", "a", "a"]
+    assert len(provider.requests) == 7  # the 4th repetition's first call ended the run
+    assert [d["action"] for d in mw.detections(ctx)] == ["warn", "stop"]
+    assert result.stop.reason is StopReason.FAILED_TERMINAL
+    assert result.stop.detail.startswith("loop detected: b {} -> a {} was proposed 3 times in a row (as a sequence)")
+    assert "1 repeat(s) were denied or answered without running" in result.stop.detail
+
+
+async def test_alternation_with_both_calls_denied_by_a_policy_stops_in_pre_turn() -> None:
+    # loop detection never gets to block: after 4 repetitions of denied a, b the run stops before the next call
+    result, ran, provider, mw, ctx = await _run_names(["a", "b"] * 8, extra=(DenyNamed("a", "b"),))
+    assert ran == [] and len(provider.requests) == 8
+    assert [d["action"] for d in mw.detections(ctx)] == ["warn", "stop"]
+    assert result.stop.detail.startswith("loop detected: a {} -> b {} was proposed 4 times in a row")
+
+
+async def test_a_cycle_of_three_calls() -> None:
+    results = {"read": ["def f(): ..."], "edit": ["1 line changed"], "test": ["FAILED test_f"]}
+    result, ran, provider, mw, ctx = await _run_names(["read", "edit", "test"] * 5, results)
+    assert ran == ["read", "edit", "test"] * 2 + ["read", "edit"]  # the 3rd "test" is denied, then "read" stops
+    assert [bool(notices(r.messages)) for r in provider.requests] == [False] * 6 + [True] + [False] * 3
+    (notice,) = notices(provider.requests[6].messages)
+    assert "repeated the sequence read {} -> edit {} -> test {} 2 times in a row" in notice
+    assert [d["action"] for d in mw.detections(ctx)] == ["warn", "block", "stop"]
+    assert len(provider.requests) == 10 and result.stop.reason is StopReason.FAILED_TERMINAL
+    assert result.stop.error["pattern"] == ["edit {}", "test {}", "read {}"]  # type: ignore[index]
+
+
+async def test_a_cycle_of_three_calls_that_makes_progress_is_not_a_loop() -> None:
+    results = {"read": ["def f(): ..."], "edit": ["1 line changed"],
+               "test": [f"{n} of 5 tests pass" for n in range(1, 6)]}
+    result, ran, _, mw, ctx = await _run_names(["read", "edit", "test"] * 5, results)
+    assert len(ran) == 15 and mw.detections(ctx) == [] and result.stop.reason is StopReason.COMPLETED
+
+
+async def test_denials_of_one_turn_count_once_for_a_cycle_too() -> None:
+    # a, b | a, b | a, b(denied) in parallel pairs: the model had not seen the denial when it proposed b
+    tools, ran = _alternating(["a", "b"], {})
+    pair = tool_call_response(("a", {}), ("b", {}))
+    provider = ScriptedProvider([pair, tool_call_response(("a", {}), ("b", {})), tool_call_response(("a", {}), ("b", {})),
+                                 tool_call_response(("a", {})), "never"])
+    mw = LoopDetection()
+    agent = Agent(provider, tools=tools, middleware=[mw])
+    ctx = agent.new_context([UserMessage("go")])
+    result = await agent.driver(ctx).run()
+    assert ran == ["a", "b", "a", "b", "a"] and len(denials(result)) == 1
+    assert [d["action"] for d in mw.detections(ctx)] == ["warn", "block", "stop"]
+    assert len(provider.requests) == 4
+
+
+# -- resume: the history is rebuilt from the transcript ----------------------------------------------
+async def test_a_resumed_run_remembers_the_repeats_before_it() -> None:
+    steps = B22["tp_same_call_same_result"]["steps"]
+    tools = Recorded(steps)
+    provider = ScriptedProvider([tool_call_response((s["tool"], s["args"])) for s in steps] + ["done"])
+    agent = Agent(provider, tools=tools.tools, middleware=[LoopDetection()], config=RunConfig(max_iterations=2))
+    paused = await agent.run("report", session_id="loop-resume")
+    assert paused.stop.reason is StopReason.PAUSED_BUDGET and len(tools.executed) == 2
+    resumed = await agent.resume("loop-resume", max_iterations=10)
+    # the first proposal after the resume is the 3rd in a row: denied, not run; the next one stops the run
+    assert len(tools.executed) == 2 and len(denials(resumed)) == 1
+    assert resumed.stop.reason is StopReason.FAILED_TERMINAL
+    assert "after a warning, 1 repeat(s) were denied" in resumed.stop.detail
+    assert notices(provider.requests[2].messages)  # warned again in the resumed run's first model call
+
+
+async def test_a_fresh_run_over_the_same_transcript_continues_the_count() -> None:
+    steps = [{"tool": "fetch", "args": {"q": "x"}, "result": "same"}] * 2
+    first, tools, _, _, _ = await run_steps(steps, final="stopping here")
+    # the same transcript minus the final answer, driven by a new context (what a resume does)
+    transcript = [m for m in first.messages if not (m.role == "assistant" and m.text == "stopping here")]
+    provider = ScriptedProvider([tool_call_response(("fetch", {"q": "x"})), "gave up"])
+    mw = LoopDetection()
+    agent = Agent(provider, tools=tools.tools, middleware=[mw])
+    ctx = agent.new_context(list(transcript))
+    result = await agent.driver(ctx).run()
+    assert len(tools.executed) == 2 and len(denials(result)) == 1  # not run a 3rd time
+    assert [d["action"] for d in mw.detections(ctx)] == ["warn", "block"]
+
+
+async def test_a_new_user_message_starts_a_fresh_history() -> None:
+    steps = [{"tool": "fetch", "args": {"q": "x"}, "result": "same"}] * 4
+    first, tools, _, _, _ = await run_steps(steps[:2], final="the server is down")
+    provider = ScriptedProvider([tool_call_response(("fetch", {"q": "x"})), "up now"])
+    mw = LoopDetection()
+    agent = Agent(provider, tools=tools.tools, middleware=[mw])
+    ctx = agent.new_context([*first.messages, UserMessage("It is back up, try once more.")])
+    result = await agent.driver(ctx).run()
+    assert len(tools.executed) == 3 and denials(result) == [] and mw.detections(ctx) == []
+    assert result.stop.reason is StopReason.COMPLETED
