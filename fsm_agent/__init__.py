@@ -22,6 +22,7 @@ from .errors import (
     SessionExistsError,
     StopRun,
     StoreError,
+    StructuredOutputError,
     ToolArgumentsError,
     UserError,
 )
@@ -56,6 +57,7 @@ from .providers import (
 )
 from .plugins import default_middleware
 from .store import MemoryStore, SQLiteStore, Store
+from .structured import StructuredResult, parse_output, structured_call
 from .tools import RUN_AGAIN, Tool, ToolContext, ToolEffect, ToolRegistry, tool
 from .types import (
     AssistantMessage,
@@ -65,6 +67,7 @@ from .types import (
     MessageResponse,
     ModelStopReason,
     ModelStreamEvent,
+    OutputSchema,
     PendingAction,
     RunResult,
     RunStop,
@@ -114,6 +117,7 @@ __all__ = [
     "ModelStreamEvent",
     "Observer",
     "Ordering",
+    "OutputSchema",
     "PendingAction",
     "Phase",
     "PostgresStore",
@@ -140,6 +144,8 @@ __all__ = [
     "StopRun",
     "Store",
     "StoreError",
+    "StructuredOutputError",
+    "StructuredResult",
     "SystemMessage",
     "TRANSITIONS",
     "TextBlock",
@@ -165,6 +171,8 @@ __all__ = [
     "__version__",
     "create_provider",
     "default_middleware",
+    "parse_output",
+    "structured_call",
     "tool",
 ]
 

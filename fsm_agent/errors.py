@@ -18,6 +18,8 @@
         ├── StoreError                 a store read or write failed (disk full, read-only, locked, gone);
         │                              names the store's location and the cause; ``transient`` says
         │                              whether retrying may help
+        ├── StructuredOutputError      the answer still does not match the declared output schema
+        │                              after the repair turn (carries the last result)
         └── ProviderError              anything a provider call can fail with; carries
             │                          status, body, headers (lower-cased), provider, retryable
             ├── RateLimitError         429 (retry_after seconds when the server says)
@@ -91,6 +93,7 @@ __all__ = [
     "StopRun",
     "StoreError",
     "StreamError",
+    "StructuredOutputError",
     "ToolArgumentsError",
     "ToolDefinitionError",
     "UserError",
@@ -190,6 +193,32 @@ class StoreError(RunError):
         self.transient = transient
         hint = "retrying may help" if transient else "free space, fix permissions or repair the store, then resume"
         super().__init__(f"store {location}: {operation} failed: {self.cause} ({hint})")
+
+
+class StructuredOutputError(RunError):
+    """The model's answer did not match the declared output schema, and the repair turn
+    (when one was allowed) did not fix it.
+
+    Attributes:
+        schema_name: the :class:`~fsm_agent.types.OutputSchema` name.
+        error: what was wrong with the last answer (the JSON path and the failed constraint,
+            or ``not JSON: ...``).
+        raw: the last answer's text as the model gave it.
+        attempts: model calls made (1 without a repair turn, 2 with one).
+        result: the last :class:`~fsm_agent.structured.StructuredResult`.
+        response: the last :class:`~fsm_agent.types.MessageResponse`, or ``None``.
+    """
+
+    def __init__(self, schema_name: str, error: str, raw: str, attempts: int, *, result: Any = None,
+                 response: MessageResponse | None = None) -> None:
+        self.schema_name = schema_name
+        self.error = error
+        self.raw = raw
+        self.attempts = attempts
+        self.result = result
+        self.response = response
+        calls = "1 call" if attempts == 1 else f"{attempts} calls"
+        super().__init__(f"the answer does not match output schema {schema_name!r} after {calls}: {error}")
 
 
 class ProviderError(RunError):

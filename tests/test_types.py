@@ -28,6 +28,7 @@ from fsm_agent.types import (
     ModelStopReason,
     ModelStreamEvent,
     ObserverEvent,
+    OutputSchema,
     PendingAction,
     RefusalDelta,
     RunResult,
@@ -106,8 +107,13 @@ def test_stream_events_round_trip(event: object) -> None:
 def test_requests_responses_runs_and_observer_events_round_trip() -> None:
     req = MessageRequest("m", MESSAGES, (ToolDefinition("f", "d", {"type": "object"}, True),), "auto", 10, 0.5, 0.9,
                          ("STOP",), ThinkingConfig(True, 1024, "low", "auto"), {"type": "json_object"}, False,
-                         {"body": {"seed": 1}})
+                         {"body": {"seed": 1}},
+                         OutputSchema("answer", {"type": "object", "properties": {"n": {"type": "integer"}}},
+                                      "the answer", False))
     assert loads(dumps(req), MessageRequest) == req
+    assert loads(dumps(req), MessageRequest).output_schema == OutputSchema(
+        "answer", {"type": "object", "properties": {"n": {"type": "integer"}}}, "the answer", False)
+    assert loads(dumps(MessageRequest("m", ())), MessageRequest).output_schema is None
     assert loads(dumps(RESPONSE), MessageResponse) == RESPONSE
     stop = RunStop(StopReason.WAITING_HUMAN, "d", True, "ck", "MidTurn", (PendingAction(CALL, "approval"),), "approve",
                    ("ev1",), None, {"kind": "x"})
@@ -149,3 +155,12 @@ def test_usage_adds_and_keeps_the_estimate_flag() -> None:
 def test_string_content_is_wrapped() -> None:
     assert UserMessage("x").content == (TextBlock("x"),)
     assert AssistantMessage("y").text == "y"
+
+
+def test_output_schema_name_is_checked() -> None:
+    from fsm_agent.errors import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match="must match"):
+        OutputSchema("has space", {"type": "object"})
+    assert OutputSchema("ok_name-1").response_format() == {
+        "type": "json_schema", "json_schema": {"name": "ok_name-1", "schema": {"type": "object"}, "strict": True}}

@@ -49,6 +49,7 @@ from ..types.stream import (ContentBlockEnd, ContentBlockStart, CostUpdate, Mess
 from .base import HttpProvider, StreamParser
 from .errors import error_from_payload
 from .sse import ServerSentEvent
+from .structured_output import response_format_of
 
 __all__ = ["DEFAULT_MAX_TOKENS", "DEFAULT_THINKING_BUDGET", "AnthropicProvider",
            "AnthropicStreamParser", "map_stop_reason", "messages_to_wire", "parse_block",
@@ -549,8 +550,9 @@ class AnthropicProvider(HttpProvider):
         :func:`tool_to_wire`, ``tool_choice`` from :func:`tool_choice_to_wire` (sent only
         with tools); ``stop`` is ``stop_sequences``; thinking is ``{"type": "enabled",
         "budget_tokens": N}`` (N defaults to :data:`DEFAULT_THINKING_BUDGET`) or
-        ``{"type": "disabled"}``; a ``json_schema`` ``response_format`` is
-        ``output_config.format``. ``extra["body"]`` (a dict) is merged in last.
+        ``{"type": "disabled"}``; a ``json_schema`` ``response_format``, else ``output_schema``, is
+        ``output_config.format`` (models without it: :meth:`prepare_output_schema`). ``extra["body"]``
+        (a dict) is merged in last.
 
         Raises:
             InvalidRequestError: audio in the history.
@@ -578,7 +580,7 @@ class AnthropicProvider(HttpProvider):
             budget = thinking.budget_tokens or DEFAULT_THINKING_BUDGET
             body["thinking"] = ({"type": "enabled", "budget_tokens": budget} if thinking.enabled
                                 else {"type": "disabled"})
-        rf = request.response_format
+        rf = response_format_of(request)  # output_schema → json_schema unless response_format is given
         if isinstance(rf, dict) and rf.get("type") == "json_schema":
             schema = (rf.get("json_schema") or {}).get("schema")
             if isinstance(schema, dict):
@@ -589,6 +591,35 @@ class AnthropicProvider(HttpProvider):
         if isinstance(wire_extra, dict):
             body.update(wire_extra)
         return body
+
+    def prepare_output_schema(self, request: MessageRequest) -> MessageRequest:
+        """Models without ``output_config`` (``capabilities.structured_output=False``): the schema as a
+        forced answer tool (:func:`~fsm_agent.providers.structured_output.answer_tool_request`)."""
+        from .structured_output import answer_tool_request
+
+        return answer_tool_request(request)
+
+    def _answer_tool(self, request: MessageRequest) -> Any:
+        if (request.output_schema is not None and request.response_format is None
+                and not self.capabilities.structured_output):
+            return request.output_schema
+        return None
+
+    def interpret(self, original: MessageRequest, response: MessageResponse) -> MessageResponse:
+        schema = self._answer_tool(original)
+        if schema is not None:
+            from .structured_output import interpret_answer_tool
+
+            return interpret_answer_tool(response, schema)
+        return super().interpret(original, response)
+
+    def stream_wrapper(self, request: MessageRequest) -> Any:
+        schema = self._answer_tool(request)
+        if schema is not None:
+            from .structured_output import AnswerToolStream
+
+            return AnswerToolStream(schema).wrap
+        return super().stream_wrapper(request)
 
     def parse_response(self, data: dict[str, Any]) -> MessageResponse:
         return parse_message(data, self.name)

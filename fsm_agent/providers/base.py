@@ -78,6 +78,13 @@ class ProviderCapabilities:
     thinking: bool = False
     images: bool = False
     constrained_output: bool = True
+    """The server enforces a JSON-Schema ``response_format`` in the Chat shape, so the constrained
+    tool mode can run on it."""
+    structured_output: bool = True
+    """The server enforces a JSON-Schema answer format of its own protocol (Chat ``response_format``
+    ``json_schema``, Responses ``text.format``, Anthropic ``output_config.format``). When ``False``, a
+    request's ``output_schema`` falls back: ``json_object`` plus the schema in the system prompt on
+    the OpenAI protocols, a forced answer tool on Anthropic (see :meth:`HttpProvider.prepare`)."""
     context_window: int | None = None
     max_output_tokens: int | None = None
 
@@ -344,21 +351,49 @@ class HttpProvider(Provider):
 
     # -- request preparation --------------------------------------------------------
     def prepare(self, request: MessageRequest) -> MessageRequest:
-        """Fill the model and apply the constrained tool mode."""
+        """Fill the model, apply the constrained tool mode, and place the output schema.
+
+        An ``output_schema`` goes, in order of preference: into the ``final_answer`` branch of the
+        constrained union (constrained mode with tools); into the protocol's own JSON-Schema format
+        (``build_body``; when ``capabilities.structured_output`` or the constrained mode says the
+        server enforces one); else into the fallback of :meth:`prepare_output_schema`. An explicit
+        ``response_format`` always wins.
+        """
         if not request.model:
             request = evolve(request, model=self.model or "")
         if self.tool_mode is ToolMode.CONSTRAINED and request.tools:
             from .constrained import constrain_request
 
             request = constrain_request(request)
+        elif (request.output_schema is not None and request.response_format is None
+              and not self.capabilities.structured_output and self.tool_mode is not ToolMode.CONSTRAINED):
+            request = self.prepare_output_schema(request)
         return request
 
+    def prepare_output_schema(self, request: MessageRequest) -> MessageRequest:
+        """The fallback for a server without a JSON-Schema answer format: JSON mode with the schema in
+        the system prompt (:func:`~fsm_agent.providers.structured_output.json_object_request`)."""
+        from .structured_output import json_object_request
+
+        return json_object_request(request)
+
     def interpret(self, original: MessageRequest, response: MessageResponse) -> MessageResponse:
+        """Map a reply of a rewritten request (constrained mode, output-schema fallback) back to the
+        shape the original request asked for."""
         if self.tool_mode is ToolMode.CONSTRAINED and original.tools:
             from .constrained import interpret_response
 
             return interpret_response(response, original)
         return response
+
+    def stream_wrapper(self, request: MessageRequest) -> Callable[[AsyncIterator[StreamEvent]],
+                                                                   AsyncIterator[StreamEvent]] | None:
+        """The streamed counterpart of :meth:`interpret` for the original ``request``, or ``None``."""
+        if self.tool_mode is ToolMode.CONSTRAINED and request.tools:
+            from .constrained import ConstrainedStream
+
+            return ConstrainedStream(request).wrap
+        return None
 
     def encode(self, request: MessageRequest, stream: bool) -> tuple[str, bytes]:
         """URL and body bytes of the wire request for an already prepared ``request``."""
@@ -447,7 +482,7 @@ class HttpProvider(Provider):
             # about 4 bytes of JSON per token: counting with tiktoken on every call would cost more
             # than the whole call as the conversation grows, for a timeout that only needs the scale
             first_timeout = first_token_timeout_for(len(body) // 4)
-        constrained = self.tool_mode is ToolMode.CONSTRAINED and bool(request.tools)
+        wrapper = self.stream_wrapper(request)
         retry = 0
         while True:
             produced = False
@@ -469,10 +504,8 @@ class HttpProvider(Provider):
                     return
                 decoder = SSEDecoder(self.config.max_event_bytes)
                 batches = self._stream_batches(resp, decoder, parser, first_timeout, started)
-                if constrained:
-                    from .constrained import ConstrainedStream
-
-                    batches = _batched(ConstrainedStream(request).wrap(_flatten(batches)))
+                if wrapper is not None:
+                    batches = _batched(wrapper(_flatten(batches)))
                 async for batch in batches:  # one batch per network read: fewer generator hops per event
                     for event in batch:
                         t = type(event)

@@ -6,12 +6,15 @@ carries a schema whose every valid instance is either
 
 * ``{"tool": "<name>", "arguments": {...}}`` — one tool call, with that tool's
   own argument schema, or
-* ``{"final_answer": "<text>"}`` — the answer,
+* ``{"final_answer": "<text>"}`` — the answer; when the request declares an
+  ``output_schema``, ``{"final_answer": <a value of that schema>}``,
 
 and a server that enforces ``response_format`` by grammar (llama.cpp does)
 can only produce one of them. The reply is mapped back to an ordinary
 :class:`~fsm_agent.types.ToolUseBlock` or :class:`~fsm_agent.types.TextBlock`,
-so the rest of the runtime never knows the difference.
+so the rest of the runtime never knows the difference. A structured final answer
+becomes a text block holding the value as JSON, the same shape a native
+JSON-Schema response format gives.
 
 The history is rewritten in the same shape: earlier tool calls become
 assistant JSON, tool results become user messages that name the tool, because
@@ -52,9 +55,10 @@ def tool_call_schema(request: MessageRequest) -> dict[str, Any]:
     """The JSON Schema that admits exactly one tool call or a final answer."""
     options: list[dict[str, Any]] = []
     if request.tool_choice != "required":
+        answer = request.output_schema.schema if request.output_schema is not None else {"type": "string"}
         options.append({
             "type": "object",
-            "properties": {"final_answer": {"type": "string"}},
+            "properties": {"final_answer": answer},
             "required": ["final_answer"],
             "additionalProperties": False,
         })
@@ -70,12 +74,18 @@ def tool_call_schema(request: MessageRequest) -> dict[str, Any]:
 
 
 def _instructions(request: MessageRequest) -> str:
+    schema = request.output_schema
+    answer = '{"final_answer": <your answer as JSON matching the answer schema>}' if schema else \
+        '{"final_answer": "<your answer>"}'
     lines = [
         "You can use tools. Answer with exactly one JSON object:",
         '- to call a tool: {"tool": "<tool name>", "arguments": {<arguments>}}',
-        '- when you can answer the user: {"final_answer": "<your answer>"}',
-        "Available tools:",
+        f"- when you can answer the user: {answer}",
     ]
+    if schema is not None:
+        lines.append(f"Answer schema ({schema.name}{': ' + schema.description if schema.description else ''}): "
+                     + orjson.dumps(schema.schema).decode())
+    lines.append("Available tools:")
     for t in request.tools:
         props = (t.parameters or {}).get("properties") or {}
         args = ", ".join(f"{k}: {v.get('type', 'any')}" for k, v in props.items())
@@ -84,7 +94,16 @@ def _instructions(request: MessageRequest) -> str:
     return "\n".join(lines)
 
 
-def _rewrite(messages: tuple[Message, ...]) -> list[Message]:
+def _answer_value(text: str, structured: bool) -> Any:
+    if structured:
+        try:
+            return orjson.loads(text)
+        except orjson.JSONDecodeError:
+            pass
+    return text
+
+
+def _rewrite(messages: tuple[Message, ...], structured: bool = False) -> list[Message]:
     names: dict[str, str] = {}
     out: list[Message] = []
     for m in messages:
@@ -97,7 +116,8 @@ def _rewrite(messages: tuple[Message, ...]) -> list[Message]:
                     parts.append(orjson.dumps({"tool": c.name, "arguments": c.input}).decode())
                 out.append(AssistantMessage("\n".join(parts)))
             elif m.text.strip():
-                out.append(AssistantMessage(orjson.dumps({"final_answer": m.text}).decode()))
+                value = _answer_value(m.text, structured)
+                out.append(AssistantMessage(orjson.dumps({"final_answer": value}).decode()))
         elif isinstance(m, ToolResultMessage):
             name = m.name or names.get(m.tool_call_id, "tool")
             status = "failed" if m.is_error else "returned"
@@ -113,7 +133,7 @@ def _rewrite(messages: tuple[Message, ...]) -> list[Message]:
 
 def constrain_request(request: MessageRequest) -> MessageRequest:
     """The request with tools moved into instructions and a ``response_format`` schema."""
-    messages = _rewrite(request.messages)
+    messages = _rewrite(request.messages, request.output_schema is not None)
     instructions = _instructions(request)
     if messages and isinstance(messages[0], SystemMessage):
         messages[0] = SystemMessage(messages[0].text + "\n\n" + instructions)
@@ -156,13 +176,17 @@ def interpret_response(response: MessageResponse, request: MessageRequest) -> Me
             {"constrained": True},
         )
         return evolve(response, message=AssistantMessage((*thinking, call)), stop_reason=ModelStopReason.TOOL_USE)
-    if isinstance(value, dict) and isinstance(value.get("final_answer"), str):
-        return evolve(
-            response,
-            message=AssistantMessage((*thinking, TextBlock(value["final_answer"]))),
-            stop_reason=ModelStopReason.END_TURN if response.stop_reason is ModelStopReason.TOOL_USE else response.stop_reason,
-        )
-    return response
+    if request.output_schema is not None and isinstance(value, dict) and "final_answer" in value:
+        answer = orjson.dumps(value["final_answer"]).decode()  # the value as JSON text, as a native format gives
+    elif isinstance(value, dict) and isinstance(value.get("final_answer"), str):
+        answer = value["final_answer"]
+    else:
+        return response
+    return evolve(
+        response,
+        message=AssistantMessage((*thinking, TextBlock(answer))),
+        stop_reason=ModelStopReason.END_TURN if response.stop_reason is ModelStopReason.TOOL_USE else response.stop_reason,
+    )
 
 
 _ANSWER_START = re.compile(r'^\s*\{\s*"final_answer"\s*:\s*"')
@@ -178,8 +202,11 @@ class ConstrainedStream:
         self._emitted = 0  # characters of the decoded answer already emitted
         self._answer = False
         self._text_open = False
+        self._live = request.output_schema is None  # a structured answer is emitted whole, as JSON text
 
     def _answer_delta(self) -> str:
+        if not self._live:
+            return ""
         raw = "".join(self._buf)
         m = _ANSWER_START.match(raw)
         if not m:

@@ -64,6 +64,7 @@ from ..types.stream import (
 from .base import HttpProvider, StreamParser
 from .errors import error_from_payload
 from .sse import ServerSentEvent
+from .structured_output import response_format_of
 
 __all__ = ["OpenAIChatProvider", "OpenAIChatStreamParser", "map_finish_reason", "parse_usage"]
 
@@ -541,8 +542,9 @@ class OpenAIChatProvider(HttpProvider):
             body["top_p"] = request.top_p
         if request.stop:
             body["stop"] = list(request.stop)
-        if request.response_format is not None:
-            body["response_format"] = request.response_format
+        rf = response_format_of(request)  # output_schema → json_schema unless response_format is given
+        if rf is not None:
+            body["response_format"] = rf
         if request.thinking is not None:
             param = prof.option("thinking_param")
             if param == "enable_thinking":  # Qwen / DashScope

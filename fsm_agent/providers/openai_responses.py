@@ -48,6 +48,7 @@ from ..types.stream import (ContentBlockEnd, ContentBlockStart, CostUpdate, Mess
 from .base import HttpProvider, StreamParser
 from .errors import error_from_payload
 from .sse import ServerSentEvent
+from .structured_output import response_format_of
 
 __all__ = ["OpenAIResponsesProvider", "OpenAIResponsesStreamParser", "keep_reasoning_items",
            "map_status", "messages_to_input", "parse_output", "parse_usage"]
@@ -647,7 +648,7 @@ class OpenAIResponsesProvider(HttpProvider):
         if th is not None and (th.effort or (th.enabled and th.summary)):
             summary = th.summary if th.enabled else None
             body["reasoning"] = {k: v for k, v in (("effort", th.effort), ("summary", summary)) if v}
-        rf = request.response_format
+        rf = response_format_of(request)  # output_schema → json_schema unless response_format is given
         if rf is not None:
             js = rf.get("json_schema")
             if rf.get("type") == "json_schema" and isinstance(js, dict):  # Chat shape → Responses shape

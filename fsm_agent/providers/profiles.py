@@ -67,7 +67,9 @@ PROFILES: dict[str, Profile] = {
         echo_reasoning=True,
         default_model="deepseek-chat",
         options=(("thinking_param", "thinking"),),
-        capabilities=ProviderCapabilities(thinking=True, context_window=128_000),
+        # DeepSeek has JSON mode (response_format json_object) but no json_schema: an output schema
+        # is sent as json_object plus the schema in the system prompt
+        capabilities=ProviderCapabilities(thinking=True, structured_output=False, context_window=128_000),
     ),
     "qwen": Profile(
         name="qwen",

@@ -50,6 +50,7 @@ from .stream import (
     events_for_response,
     parse_tool_arguments,
 )
+from .structured import OutputSchema
 from .tokens import count_message_tokens, count_tokens, estimate_request_tokens
 
 __all__ = [
@@ -73,6 +74,7 @@ __all__ = [
     "ModelStopReason",
     "ModelStreamEvent",
     "ObserverEvent",
+    "OutputSchema",
     "PartialMessageResponse",
     "PendingAction",
     "RefusalDelta",

@@ -9,6 +9,7 @@ from attrs import evolve, field, frozen
 from ..errors import ExtraTypeError
 from .content import _tuple, ContentBlock, TextBlock, ThinkingBlock, ToolUseBlock
 from .messages import AssistantMessage, Message, ModelStopReason, Usage
+from .structured import OutputSchema
 
 __all__ = [
     "MessageRequest",
@@ -75,6 +76,10 @@ class MessageRequest:
     parallel_tool_calls: bool | None = None
     extra: dict[str, Any] = field(factory=dict)
     """Protocol-specific options, merged into the wire body by the protocol module that knows them."""
+    output_schema: OutputSchema | None = None
+    """The JSON Schema the answer must match, or ``None`` for free text. Sent in the provider's own
+    format; an explicit ``response_format`` takes precedence on the wire. The answer is checked with
+    :func:`fsm_agent.structured.parse_output`."""
 
     @overload
     def get_extra(self, key: str, kind: type[T]) -> T: ...

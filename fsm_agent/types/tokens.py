@@ -78,4 +78,6 @@ def estimate_request_tokens(request: MessageRequest) -> int:
         total += count_tokens(tool.name + tool.description + orjson.dumps(tool.parameters).decode())
     if request.response_format:
         total += count_tokens(orjson.dumps(request.response_format).decode())
+    elif request.output_schema is not None:
+        total += count_tokens(orjson.dumps(request.output_schema.response_format()).decode())
     return total

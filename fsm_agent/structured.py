@@ -1,0 +1,257 @@
+"""Structured output: check a model's answer against an :class:`~fsm_agent.types.OutputSchema`.
+
+Seed 004 §6, "call the model → validate the structured output". A request that declares
+``output_schema`` is sent in the provider's own JSON-Schema format where it has one, and
+through the constrained mode or JSON mode where it does not (see
+:mod:`fsm_agent.providers.structured_output`). Whatever came back is checked here:
+
+* :func:`parse_output` finds the one JSON value in the answer and validates it. The error
+  text says exactly what was wrong (``$.items[1].price: 'ten' is not of type 'number'
+  (failed: type)``, or ``not JSON: ...``), written to be sent back to the model;
+* :func:`repair_message` is the user message of the one repair turn;
+* :func:`structured_call` does a single call, validates, repairs once, and raises
+  :class:`~fsm_agent.errors.StructuredOutputError` when the answer is still wrong.
+
+    >>> from fsm_agent.providers.scripted import text_response
+    >>> schema = OutputSchema("n", {"type": "object", "properties": {"n": {"type": "integer"}},
+    ...                             "required": ["n"]})
+    >>> parse_output(text_response('```json\\n{"n": 3}\\n```'), schema).value
+    {'n': 3}
+    >>> parse_output(text_response('{"n": "3"}'), schema).error
+    "$.n: '3' is not of type 'integer' (failed: type)"
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import TYPE_CHECKING, Any
+
+import orjson
+from attrs import evolve, frozen
+
+from .errors import ConfigurationError, StructuredOutputError
+from .types.content import TextBlock, ToolUseBlock
+from .types.messages import AssistantMessage, ModelStopReason, UserMessage
+from .types.requests import MessageRequest, MessageResponse
+from .types.structured import OutputSchema
+
+if TYPE_CHECKING:
+    from .providers.base import Provider
+
+__all__ = ["StructuredResult", "parse_output", "repair_message", "structured_call", "validate_value"]
+
+MAX_ERRORS = 5
+"""Validation errors listed in one error text; the rest are counted."""
+
+_FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[ \t]*\r?\n(.*?)\r?\n?[ \t]*```", re.S)
+_DECODER = json.JSONDecoder()
+_VALIDATORS: dict[bytes, Any] = {}
+
+
+@frozen
+class StructuredResult:
+    """The outcome of checking one answer.
+
+    ``error is None`` means the answer matched and ``value`` is the decoded JSON value (which may
+    itself be ``null``); otherwise ``value`` is ``None`` and ``error`` says what was wrong.
+    """
+
+    value: Any | None
+    """The answer's JSON value, or ``None`` when it did not match."""
+    error: str | None
+    """What was wrong (the JSON path and the failed constraint, or ``not JSON: ...``), or ``None``."""
+    raw: str
+    """The answer as the model gave it (the text, or the answer tool's arguments)."""
+
+    @property
+    def ok(self) -> bool:
+        """True when the answer matched the schema."""
+        return self.error is None
+
+
+def _validator(schema: dict[str, Any]) -> Any:
+    key = orjson.dumps(schema, option=orjson.OPT_SORT_KEYS)
+    found = _VALIDATORS.get(key)
+    if found is None:
+        import jsonschema  # imported with the first structured answer, not with fsm_agent
+
+        cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+        try:
+            cls.check_schema(schema)
+        except jsonschema.SchemaError as exc:
+            raise ConfigurationError(f"invalid output JSON Schema: {exc.message}") from exc
+        found = cls(schema)
+        if len(_VALIDATORS) > 256:
+            _VALIDATORS.clear()
+        _VALIDATORS[key] = found
+    return found
+
+
+def _short(text: str, limit: int = 300) -> str:
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+def _describe(error: Any) -> str:
+    path = error.json_path
+    return f"{path}: {_short(error.message)} (failed: {error.validator})"
+
+
+def validate_value(value: Any, schema: OutputSchema) -> str | None:
+    """``None`` when ``value`` matches ``schema``, else the error text: one line per failed
+    constraint, in path order, at most :data:`MAX_ERRORS` lines.
+
+    Raises:
+        ConfigurationError: the schema itself is not valid JSON Schema.
+    """
+    errors = sorted(_validator(schema.schema).iter_errors(value),
+                    key=lambda e: ([str(p) for p in e.absolute_path], str(e.validator)))
+    if not errors:
+        return None
+    lines = [_describe(e) for e in errors[:MAX_ERRORS]]
+    if len(errors) > MAX_ERRORS:
+        lines.append(f"... and {len(errors) - MAX_ERRORS} more")
+    return "\n".join(lines)
+
+
+def _top_level_values(text: str) -> list[tuple[int, int, Any]]:
+    """Every complete JSON object or array in ``text`` that is not inside another, with its span."""
+    found: list[tuple[int, int, Any]] = []
+    i, n = 0, len(text)
+    while i < n:
+        ch = text[i]
+        if ch in "{[":
+            try:
+                value, end = _DECODER.raw_decode(text, i)
+            except ValueError:
+                i += 1
+                continue
+            found.append((i, end, value))
+            i = end
+        else:
+            i += 1
+    return found
+
+
+def _extract(raw: str) -> tuple[Any, str | None]:
+    """(value, None) for the one JSON value in ``raw``, or (None, why not)."""
+    text = raw.strip()
+    try:
+        return orjson.loads(text), None
+    except orjson.JSONDecodeError as exc:
+        first_error = str(exc)
+    fenced = []
+    for m in _FENCE.finditer(raw):
+        if m.group(1).lower() not in ("", "json", "jsonc", "json5"):
+            continue
+        try:
+            fenced.append(orjson.loads(m.group(2).strip()))
+        except orjson.JSONDecodeError:
+            continue
+    if len(fenced) == 1:
+        return fenced[0], None
+    if len(fenced) > 1:
+        return None, (f"ambiguous: the answer holds {len(fenced)} JSON code blocks; "
+                      "give exactly one JSON value and nothing else")
+    values = _top_level_values(text)
+    if len(values) == 1:
+        start, end, value = values[0]
+        if not text[end:].strip():  # prose before the JSON only
+            return value, None
+        return None, (f"not JSON: there is text after the JSON value (from character {end}: "
+                      f"{_short(text[end:].strip(), 60)!r}); give the JSON value and nothing else")
+    if len(values) > 1:
+        return None, (f"ambiguous: the answer holds {len(values)} separate JSON values; "
+                      "give exactly one JSON value and nothing else")
+    return None, f"not JSON: {first_error} (the answer begins {_short(text, 80)!r})"
+
+
+def parse_output(response: MessageResponse, schema: OutputSchema) -> StructuredResult:
+    """Find the answer's JSON value and check it against ``schema``.
+
+    The answer is, in order: the input of a call to a tool named ``schema.name`` (the forced-tool
+    form, when it was not already mapped back to text), or the response text. The text may be
+    bare JSON, one JSON code block (```` ```json ````), or prose followed by exactly one JSON
+    object or array. Anything else (no JSON, several values, text after the value) is an error.
+
+    Raises:
+        ConfigurationError: ``schema.schema`` is not valid JSON Schema.
+    """
+    answer = next((b for b in response.message.content
+                   if isinstance(b, ToolUseBlock) and b.name == schema.name), None)
+    if answer is not None:
+        if answer.raw_input is not None:
+            return StructuredResult(None, f"not JSON: the arguments of {schema.name!r} are not a JSON object "
+                                          f"({_short(answer.raw_input, 80)!r})", answer.raw_input)
+        raw = orjson.dumps(answer.input).decode()
+        return StructuredResult(*_checked(answer.input, schema), raw)
+    raw = response.text
+    cut = response.stop_reason is ModelStopReason.MAX_TOKENS
+    if not raw.strip():
+        if response.refusal:
+            why = f"the model refused: {_short(response.refusal, 200)}"
+        elif response.tool_calls:
+            names = ", ".join(sorted({c.name for c in response.tool_calls}))
+            why = f"empty answer: the model called {names} instead of answering with JSON"
+        else:
+            why = "empty answer: expected one JSON value"
+        if cut:
+            why += " (the output token limit was reached)"
+        return StructuredResult(None, why, raw)
+    value, error = _extract(raw)
+    if error is not None:
+        if cut:
+            error += " (the answer was cut off at the output token limit)"
+        return StructuredResult(None, error, raw)
+    return StructuredResult(*_checked(value, schema), raw)
+
+
+def _checked(value: Any, schema: OutputSchema) -> tuple[Any, str | None]:
+    error = validate_value(value, schema)
+    return (value, None) if error is None else (None, error)
+
+
+def repair_message(result: StructuredResult, schema: OutputSchema | None = None) -> str:
+    """The text of the user message that asks the model to fix its answer.
+
+    ``schema``, when given, is repeated in the message (useful when the server does not enforce it).
+    """
+    lines = ["Your previous answer does not match the required output format.",
+             f"What is wrong: {result.error or 'nothing'}"]
+    if schema is not None:
+        lines.append(f"The required JSON Schema ({schema.name}): {orjson.dumps(schema.schema).decode()}")
+    lines.append("Reply again with only the corrected JSON value: no prose, no code fences.")
+    return "\n".join(lines)
+
+
+async def structured_call(provider: Provider, request: MessageRequest, schema: OutputSchema, *,
+                          repair: bool = True) -> StructuredResult:
+    """One model call whose answer must match ``schema``; at most one repair call.
+
+    The request is sent with ``output_schema=schema``. When the answer does not match and ``repair``
+    is set, the model gets its answer back with :func:`repair_message` and answers once more.
+
+    Returns:
+        the matching result (``result.ok`` is always true).
+
+    Raises:
+        StructuredOutputError: the answer (after the repair call, when allowed) still does not match.
+        ProviderError: a call failed (after the provider's own retries).
+        ConfigurationError: ``schema.schema`` is not valid JSON Schema.
+    """
+    request = evolve(request, output_schema=schema)
+    response = await provider.chat(request)
+    result = parse_output(response, schema)
+    if result.ok:
+        return result
+    if not repair:
+        raise StructuredOutputError(schema.name, result.error or "", result.raw, 1, result=result, response=response)
+    messages = list(request.messages)
+    if result.raw.strip():
+        messages.append(AssistantMessage((TextBlock(result.raw),)))
+    messages.append(UserMessage(repair_message(result, schema)))
+    response = await provider.chat(evolve(request, messages=tuple(messages)))
+    result = parse_output(response, schema)
+    if not result.ok:
+        raise StructuredOutputError(schema.name, result.error or "", result.raw, 2, result=result, response=response)
+    return result
