@@ -3,19 +3,26 @@
 Commands: ``run``, ``resume``, ``sessions list|show``, ``control``, ``diagram``, ``decode``,
 ``middleware list``.
 
-Exit codes: 0 COMPLETED (or success); 2 a usage or configuration error, an unknown session, or a
-session that cannot be resumed; 3 WAITING_HUMAN; 4 PAUSED_BUDGET; 5 INTERRUPTED;
+Exit codes: 0 COMPLETED (or success); 2 a usage or configuration error, an unknown session, a
+session that cannot be resumed (or a decision that does not fit it), or a ``run --session-id``
+that already exists; 3 WAITING_HUMAN; 4 PAUSED_BUDGET; 5 INTERRUPTED;
 6 FAILED_RETRYABLE; 7 FAILED_TERMINAL; 8 CANCELLED; 1 anything else, e.g. a body ``decode``
 could not parse (a message says what).
 
 Sessions are kept in ``$FSM_AGENT_STORE`` (a SQLite path or a ``postgresql://`` DSN), default
 ``~/.fsm-agent/sessions.db``, so a stopped run can be resumed later by ``fsm-agent resume``.
+
+``run`` and ``resume`` drain on SIGINT (Ctrl-C) and SIGTERM: the run ends INTERRUPTED with the
+streamed text kept, a checkpoint and its lease released, the usual stop line and resume hint are
+printed, and the exit code is 5, exactly as after ``fsm-agent control ID interrupt``. A second
+signal stops the process at once.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import fnmatch
 import os
 import re
 import sys
@@ -28,7 +35,7 @@ from typing import Any, TextIO
 import orjson
 
 from ._version import __version__
-from .errors import ConfigurationError, FsmAgentError, UserError
+from .errors import ConfigurationError, FsmAgentError, SessionExistsError, UserError
 from .plugins import DEFAULT_MIDDLEWARE
 from .types.run import StopReason
 
@@ -132,6 +139,7 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
         "middleware": list(args.middleware),
         "default_middleware": not args.no_default_middleware,
         "policy": str(Path(args.policy).resolve()) if args.policy else None,
+        "approve_tools": list(args.approve_tools),
     }
 
 
@@ -161,6 +169,13 @@ class _AgentFactory:
         middleware = [load_plugin(n)() for n in names]
         if self.s.get("policy"):
             middleware.insert(0, load_plugin("tool_policy").from_file(self.s["policy"]))  # type: ignore[attr-defined]
+        approve = self.s.get("approve_tools") or []  # absent in sessions stored before the option existed
+        for pattern in approve:
+            if not any(fnmatch.fnmatchcase(name, pattern) for name in self.s["tools"]):
+                enabled = ", ".join(self.s["tools"]) or "none; enable one with --tool NAME"
+                raise ConfigurationError(f"--approve-tools {pattern!r}: no enabled tool matches it (enabled: {enabled})")
+        if approve:
+            middleware.append(load_plugin("approval")(tools=approve))  # type: ignore[call-arg]
         return tools, middleware
 
     async def __aenter__(self) -> _AgentFactory:
@@ -216,8 +231,9 @@ def _report(result: Any, args: argparse.Namespace, printer: _Printer | None, out
     for p in result.stop.pending_actions:
         err.write(f"pending: {p.call.id} {p.call.name}({orjson.dumps(p.call.input).decode()}) — {p.reason}\n")
     sid = result.session_id
+    approve = " ".join(f"--approve {p.call.id}" for p in result.stop.pending_actions) or "--approve CALL"
     hints = {
-        StopReason.WAITING_HUMAN: f"fsm-agent resume {sid} --approve CALL | --reject CALL --message TEXT | "
+        StopReason.WAITING_HUMAN: f"fsm-agent resume {sid} {approve}; or, per call, --reject CALL --message TEXT | "
                                   f"--edit CALL='{{...}}' | --respond CALL=TEXT",
         StopReason.PAUSED_BUDGET: f"fsm-agent resume {sid} --budget "
                                   f"{result.stop.budget or 'iterations'}=N",
@@ -241,11 +257,17 @@ async def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     session_id = args.session_id or uuid.uuid4().hex
     store = open_store(args.store)
     try:
+        if args.session_id:  # before the local server starts: a reused id is a mistake found in a moment
+            existing = await store.get_session(session_id)
+            if existing is not None:
+                err.write(f"fsm-agent: {_session_exists(session_id, existing.state)}\n")
+                return 2
         async with factory:
             agent = factory.agent(store, config, [printer] if printer else [])
             if printer is not None:
                 err.write(f"fsm-agent: session {session_id}\n")
-            result = await agent.run(args.task, session_id=session_id, metadata={"cli": settings})
+            async with agent.drain_on_signals():  # Ctrl-C / SIGTERM: end INTERRUPTED, resumable at once
+                result = await agent.run(args.task, session_id=session_id, metadata={"cli": settings})
             if printer is not None:
                 printer.end_line()  # finish the streamed answer before the local server's goodbye
     finally:
@@ -253,17 +275,44 @@ async def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     return _report(result, args, printer, out, err)
 
 
+def _session_exists(session_id: str, state: str | None = None) -> str:
+    """The one-line message for ``run --session-id`` naming a session that exists."""
+    try:
+        stopped: StopReason | None = StopReason(state) if state else None
+    except ValueError:
+        stopped = None
+    if stopped is not None and not stopped.resumable:
+        return (f"session {session_id!r} already exists and ended {stopped.value}; choose another --session-id "
+                "(or leave it out for a new random id)")
+    now = f" ({state})" if state else ""
+    return (f"session {session_id!r} already exists{now}; continue it with `fsm-agent resume {session_id}`, "
+            "or choose another --session-id")
+
+
 def _decisions(args: argparse.Namespace) -> dict[str, Any]:
     from .control import Decision
 
     out: dict[str, Any] = {}
+    seen: dict[str, str] = {}
+
+    def once(cid: str, option: str) -> None:
+        if cid in seen:
+            raise ConfigurationError(f"tool call {cid!r} has two decisions ({seen[cid]} and {option}); give one")
+        seen[cid] = option
+
     for cid in args.approve:
+        once(cid, "--approve")
         out[cid] = Decision.approve()
     messages = list(args.message)
+    if len(messages) > len(args.reject):
+        raise ConfigurationError("each --message is the reason of the --reject at the same position; "
+                                 f"got {len(messages)} --message for {len(args.reject)} --reject")
     for i, cid in enumerate(args.reject):
+        once(cid, "--reject")
         out[cid] = Decision.reject(messages[i] if i < len(messages) else "rejected by a person")
     for item in args.edit:
         cid, _, raw = item.partition("=")
+        once(cid, "--edit")
         try:
             arguments = orjson.loads(raw)
         except orjson.JSONDecodeError as exc:
@@ -273,8 +322,25 @@ def _decisions(args: argparse.Namespace) -> dict[str, Any]:
         out[cid] = Decision.edit(arguments)
     for item in args.respond:
         cid, _, text = item.partition("=")
+        once(cid, "--respond")
         out[cid] = Decision.respond(text)
     return out
+
+
+async def _check_resume(store: Any, session_id: str, decisions: dict[str, Any]) -> None:
+    """Check a resume before any lease is taken and before the local server starts.
+
+    ``Agent.check_resume`` reads only the store, so a placeholder provider serves.
+
+    Raises:
+        ResumeError: the session ended for good, a decision names a call that is not pending (the
+            message lists the pending ids) or a kind that call does not allow, or another worker
+            drives it.
+    """
+    from .agent import Agent
+    from .providers.scripted import ScriptedProvider
+
+    await Agent(ScriptedProvider([]), store=store).check_resume(session_id, decisions)
 
 
 def _limits(items: Sequence[str]) -> dict[str, Any]:
@@ -303,20 +369,15 @@ async def _resume(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         settings = rec.metadata.get("cli")
         if settings is None:
             raise ResumeError(f"session {args.session_id} was not started by the CLI; resume it with Agent.resume()")
-        try:
-            stopped = StopReason(rec.state)
-        except ValueError:
-            stopped = None
-        if stopped is not None and not stopped.resumable:
-            raise ResumeError(f"session {args.session_id} ended {stopped.value}; only WAITING_HUMAN, PAUSED_BUDGET, "
-                              "INTERRUPTED and FAILED_RETRYABLE sessions can be resumed")
         limits = _limits(args.budget)
         decisions = _decisions(args)
+        await _check_resume(store, args.session_id, decisions)
         printer = None if args.json else _Printer(out, err, args.verbose)
         async with _AgentFactory(settings, args.api_key, err) as factory:
             agent = factory.agent(store, None, [printer] if printer else [])
-            result = await agent.resume(args.session_id, decisions=decisions, confirm_cancel=args.confirm_cancel,
-                                        **limits)
+            async with agent.drain_on_signals():
+                result = await agent.resume(args.session_id, decisions=decisions,
+                                            confirm_cancel=args.confirm_cancel, **limits)
             if printer is not None:
                 printer.end_line()
     finally:
@@ -477,7 +538,12 @@ def _build_parser() -> argparse.ArgumentParser:
                    help="add an installed middleware plugin (see `fsm-agent middleware list`)")
     r.add_argument("--no-default-middleware", action="store_true",
                    help=f"leave out the default plugins ({', '.join(DEFAULT_MIDDLEWARE)})")
-    r.add_argument("--policy", help="a tool policy file (see fsm_agent_middleware.tool_policy)")
+    r.add_argument("--policy", metavar="FILE",
+                   help="a tool policy file: allow / deny / ask rules per tool and argument (TOML, or JSON when "
+                        "FILE ends in .json; format: docs/policy.md of the fsm_agent repository)")
+    r.add_argument("--approve-tools", nargs="+", action="extend", default=[], metavar="NAME",
+                   help="these tools (names or glob patterns) need a person's approval: the run stops "
+                        "WAITING_HUMAN (exit 3) until `fsm-agent resume ID --approve CALL_ID`")
     r.add_argument("--max-iterations", type=int, default=50, help="model calls per run (default 50)")
     r.add_argument("--timeout", type=float, default=600.0, help="wall-clock budget in seconds (default 600)")
     r.add_argument("--max-tokens", type=int, help="token budget over the run (input + output)")
@@ -563,6 +629,9 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None, err: T
             return _decode(args, out, err)
         if args.command == "middleware":
             return _middleware(args, out, err)
+    except SessionExistsError as exc:  # Agent.run found the id taken (a race with the check in _run)
+        err.write(f"fsm-agent: {_session_exists(exc.session_id)}\n")
+        return 2
     except UserError as exc:  # configuration, usage, unknown or final sessions
         err.write(f"fsm-agent: {exc}\n")
         return 2

@@ -132,3 +132,24 @@ async def test_middleware_list_shows_installed_plugins() -> None:
                  "tool_policy", "verifier"):
         assert any(line.startswith(name + " ") for line in out.splitlines()), name
     assert "fsm_agent_middleware.loop_detection:LoopDetection" in out and "order=innermost" in out
+
+
+async def test_approve_tools_stops_waiting_human_and_a_typo_does_not_block_the_right_resume() -> None:
+    server = ReplayServer([RecordedResponse(200, r, "text/event-stream") for r in (TOOL_TURN, ANSWER)])
+    base = await server.start()
+    try:
+        code, out, err = await cli("run", "What is 17*23?", "--tool", "calculator", "--approve-tools", "calculator",
+                                   "--base-url", base, "--model", "m", "--api-key", "k", "--session-id", "wait-1")
+        assert code == 3, err
+        assert "stop: WAITING_HUMAN — 1 tool call(s) need approval: calculator" in err
+        assert 'pending: call_1 calculator({"expression":"17 * 23"})' in err
+        assert "(continue with: fsm-agent resume wait-1 --approve call_1; or, per call, --reject CALL" in err
+        assert "← calculator" not in err  # nothing ran
+        code, _, err = await cli("resume", "wait-1", "--approve", "call_l")
+        assert code == 2 and "no pending tool call 'call_l' (pending: call_1)" in err
+        code, out, err = await cli("resume", "wait-1", "--approve", "call_1")  # at once: no lease was left behind
+        assert code == 0, err
+        assert "← calculator: 391" in err and out == "17 * 23 = 391.\n"
+        assert len(server.requests) == 2
+    finally:
+        await server.close()
