@@ -17,6 +17,17 @@ Records and their compatibility rules (``SCHEMA_VERSION``; see ``docs/schema.md`
 * :class:`SessionRecord` — the session's row: state, stop payload, lease, metadata.
 
 Every write a driver makes at one point goes through :meth:`Store.write` as one transaction.
+
+Failures (every backend, every method): an operation that fails for a reason outside fsm_agent
+(a full disk, a read-only file, a database locked past its busy timeout, a dropped connection)
+raises :class:`~fsm_agent.errors.StoreError` naming the store's location (a file path, or a DSN
+without its password), the operation and the cause, chained (``raise ... from``) to the driver's
+own exception. ``StoreError.transient`` says whether the same call may succeed later (locked,
+busy, connection lost) or a person must act (disk full, read-only, permission, corrupt). A failed
+:meth:`Store.write` leaves nothing of its batch visible, and the store stays usable. Conditions the
+caller must react to keep their own types: :class:`~fsm_agent.errors.LeaseLost` (fencing, not a
+``StoreError``), :class:`~fsm_agent.errors.SessionExistsError` and ``KeyError`` for an unknown
+session. :class:`fsm_agent.testing.FaultyStore` injects these failures into any store for tests.
 """
 
 from __future__ import annotations
@@ -186,11 +197,20 @@ class WriteBatch:
 
 class Store(abc.ABC):
     """Where sessions live. All methods are coroutines; implementations must be safe for many
-    sessions at once, and (SQLite, PostgreSQL) for several processes on one database."""
+    sessions at once, and (SQLite, PostgreSQL) for several processes on one database.
+
+    Any method may raise :class:`~fsm_agent.errors.StoreError` (see the module docstring): the
+    operation failed for an outside reason; ``transient`` says whether retrying may help.
+    """
 
     @abc.abstractmethod
     async def create_session(self, record: SessionRecord) -> None:
-        """Insert a new session. Raises ``KeyError`` if the id exists."""
+        """Insert a new session.
+
+        Raises:
+            SessionExistsError: a session with ``record.session_id`` exists (a ``KeyError``).
+            StoreError: the store could not be written.
+        """
 
     @abc.abstractmethod
     async def get_session(self, session_id: str) -> SessionRecord | None: ...
@@ -206,9 +226,15 @@ class Store(abc.ABC):
     async def write(self, batch: WriteBatch) -> None:
         """Commit events, checkpoint, ledger entries and the session state in one transaction.
 
+        All or nothing: when it raises, nothing of the batch is visible.
+
         Raises:
-            LeaseLost: ``batch.expected_owner`` no longer holds the lease.
+            LeaseLost: ``batch.expected_owner`` no longer holds the lease (not a ``StoreError``).
             KeyError: unknown session.
+            ValueError: the first event's seq does not follow the session's last one.
+            StoreError: the store could not be written (disk full, read-only, locked, connection
+                lost). When the cause is a lost acknowledgement (the connection dropped during
+                COMMIT) the batch may in fact be stored: read the session back before retrying.
         """
 
     @abc.abstractmethod
@@ -229,7 +255,11 @@ class Store(abc.ABC):
     @abc.abstractmethod
     async def acquire_lease(self, session_id: str, owner: str, ttl: float) -> bool:
         """Take or renew the session's lease for ``ttl`` seconds; ``False`` when another worker holds
-        an unexpired lease. Atomic: of two racing workers exactly one gets it."""
+        an unexpired lease. Atomic: of two racing workers exactly one gets it.
+
+        A :class:`~fsm_agent.errors.StoreError` means the lease's state is unknown to the caller:
+        it may retry (when ``transient``), but must stop driving before its current lease ends if
+        no renewal succeeds by then."""
 
     @abc.abstractmethod
     async def release_lease(self, session_id: str, owner: str) -> None: ...

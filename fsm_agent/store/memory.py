@@ -9,14 +9,19 @@ from typing import Any
 
 from attrs import evolve
 
-from ..errors import LeaseLost
+from ..errors import LeaseLost, SessionExistsError
 from .base import Checkpoint, ControlKind, ControlRecord, EventRecord, LedgerEntry, SessionRecord, Store, WriteBatch
 
 __all__ = ["MemoryStore"]
 
 
 class MemoryStore(Store):
-    """Dictionaries behind the :class:`Store` interface (not shared between processes)."""
+    """Dictionaries behind the :class:`Store` interface (not shared between processes).
+
+    Nothing outside the process can make it fail, so it never raises
+    :class:`~fsm_agent.errors.StoreError`; wrap it in :class:`fsm_agent.testing.FaultyStore` to
+    test how a caller handles one.
+    """
 
     def __init__(self) -> None:
         self._sessions: dict[str, SessionRecord] = {}
@@ -28,7 +33,7 @@ class MemoryStore(Store):
 
     async def create_session(self, record: SessionRecord) -> None:
         if record.session_id in self._sessions:
-            raise KeyError(f"session {record.session_id} already exists")
+            raise SessionExistsError(record.session_id)
         self._sessions[record.session_id] = record
         self._events[record.session_id] = []
 

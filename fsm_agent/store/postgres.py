@@ -6,17 +6,31 @@ one conditional ``UPDATE``, so of two racing workers exactly one wins. Every dri
 transaction that locks the session row and refuses to commit for a worker that lost its lease.
 Migrations run under an advisory lock, so workers starting together migrate once.
 
+Failures: an error from the server or the connection becomes a
+:class:`~fsm_agent.errors.StoreError` naming the DSN (never its password), the operation and the
+cause, chained to asyncpg's exception. ``transient`` is true for a lost, refused or reset
+connection (SQLSTATE class 08, an administrator's or crash shutdown 57P01/57P02/57P03, an idle
+session timeout 57P05), too many connections (53300), out of memory (53200), a serialization
+failure or deadlock (class 40), a lock not available (55P03) and a cancelled statement (57014);
+it is false for a full disk (53100), a read-only transaction (25006), a missing permission
+(42501) and every other error. A bad password or an unknown database is a
+:class:`~fsm_agent.errors.ConfigurationError`. A failed write is rolled back; a dropped
+connection is replaced by the pool on the next call.
+
 Requires the ``asyncpg`` package (``pip install 'fsm-agent[postgres]'``).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
+from types import TracebackType
 from typing import Any
+from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 import orjson
 
-from ..errors import ConfigurationError, LeaseLost
+from ..errors import ConfigurationError, LeaseLost, SessionExistsError, StoreError
 from .base import (
     Checkpoint,
     ControlKind,
@@ -69,21 +83,119 @@ def _l(value: Any) -> Any:
     return orjson.loads(value) if isinstance(value, (str, bytes)) else value
 
 
+_KV_PASSWORD = re.compile(r"""\bpassword\s*=\s*('(?:[^'\\]|\\.)*'|\S+)""", re.IGNORECASE)
+
+
+def redact_dsn(dsn: str) -> str:
+    """``dsn`` without its password, for messages and logs: ``postgresql://user@host:5432/db``.
+    Handles URLs (a password in the user part or a ``password=`` query parameter) and libpq
+    ``key=value`` strings."""
+    if "://" not in dsn:
+        return re.sub(r"\s{2,}", " ", _KV_PASSWORD.sub("", dsn)).strip()
+    parts = urlsplit(dsn)
+    netloc = parts.netloc
+    if "@" in netloc:
+        user, hosts = netloc.rsplit("@", 1)
+        netloc = f"{user.split(':', 1)[0]}@{hosts}"
+    query = urlencode([(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True) if k.lower() != "password"])
+    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+
+
+def _passwords(dsn: str) -> list[str]:
+    found: list[str] = []
+    if "://" in dsn:
+        parts = urlsplit(dsn)
+        user = parts.netloc.rsplit("@", 1)[0] if "@" in parts.netloc else ""
+        if ":" in user:
+            found.append(user.split(":", 1)[1])
+        found += [v for k, v in parse_qsl(parts.query, keep_blank_values=True) if k.lower() == "password"]
+    else:
+        found += [m.group(1).strip("'") for m in _KV_PASSWORD.finditer(dsn)]
+    found += [unquote(p) for p in found]
+    return sorted({p for p in found if p}, key=len, reverse=True)
+
+
+# SQLSTATEs after which the same call may succeed later (https://www.postgresql.org/docs/current/errcodes-appendix.html)
+_TRANSIENT_STATES = frozenset({"53200", "53300", "55P03", "57014", "57P01", "57P02", "57P03", "57P05"})
+_TRANSIENT_CLASSES = ("08", "40")
+_CONFIG_STATES = ("28", "3D000")  # invalid authorization / password; unknown database
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether retrying after ``exc`` (an asyncpg or OS error) may succeed: see the module docstring."""
+    state = getattr(exc, "sqlstate", None)
+    if state:
+        return state in _TRANSIENT_STATES or state.startswith(_TRANSIENT_CLASSES)
+    if isinstance(exc, OSError):  # refused, reset, timed out, unreachable
+        return True
+    text = str(exc).lower()  # asyncpg.InterfaceError: "connection is closed", "connection was closed ..."
+    return "connection" in text and ("closed" in text or "lost" in text or "reset" in text)
+
+
+def _root(exc: BaseException) -> BaseException:
+    """The error to report: when asyncpg raises an InterfaceError ("the underlying connection is
+    closed") while cleaning up after another error, the first error says more."""
+    ctx = exc.__context__
+    if ctx is not None and not getattr(exc, "sqlstate", None) and getattr(ctx, "sqlstate", None):
+        return ctx
+    return exc
+
+
+class _Guard:
+    """``with store._guard(op):`` turns an asyncpg / connection error raised inside into a StoreError."""
+
+    __slots__ = ("op", "store")
+
+    def __init__(self, store: PostgresStore, op: str) -> None:
+        self.store, self.op = store, op
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, et: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        if exc is not None and isinstance(exc, self.store._catch):
+            raise self.store._error(self.op, exc) from exc
+
+
 class PostgresStore(Store):
     """Sessions in PostgreSQL.
 
     Args:
         dsn: a libpq connection string or URL (``postgresql://user@host:port/db``).
         min_size / max_size: connection pool bounds.
+
+    Raises (from any method):
+        StoreError: the server or the connection failed (see the module docstring).
+        ConfigurationError: asyncpg is missing, the password is wrong or the database is unknown.
+
+    Attributes:
+        location: the DSN without its password, as errors name it.
     """
 
     def __init__(self, dsn: str, *, min_size: int = 1, max_size: int = 10) -> None:
         self.dsn = dsn
+        self.location = redact_dsn(dsn)
+        self._secrets = _passwords(dsn)
         self.min_size, self.max_size = min_size, max_size
         self._pool: Any = None
+        self._catch: tuple[type[BaseException], ...] = (OSError,)
 
     def __repr__(self) -> str:
         return f"PostgresStore({self.dsn.split('@')[-1]!r})"
+
+    # -- failures -----------------------------------------------------------------------
+    def _error(self, operation: str, exc: BaseException) -> StoreError:
+        root = _root(exc)
+        cause = f"{type(root).__name__}: {root}"
+        state = getattr(root, "sqlstate", None)
+        if state:
+            cause += f" (SQLSTATE {state})"
+        for secret in self._secrets:
+            cause = cause.replace(secret, "***")
+        return StoreError(self.location, operation, cause, transient=is_transient(root))
+
+    def _guard(self, operation: str) -> _Guard:
+        return _Guard(self, operation)
 
     async def pool(self) -> Any:
         if self._pool is None:
@@ -91,29 +203,54 @@ class PostgresStore(Store):
                 import asyncpg  # type: ignore[import-untyped]
             except ImportError:
                 raise ConfigurationError("PostgresStore needs asyncpg: pip install 'fsm-agent[postgres]'") from None
+            self._catch = (OSError, asyncpg.PostgresError, asyncpg.InterfaceError,
+                           asyncpg.exceptions._base.InternalClientError)
             try:
-                self._pool = await asyncpg.create_pool(self.dsn, min_size=self.min_size, max_size=self.max_size)
-            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-                raise ConfigurationError(f"cannot connect to PostgreSQL at {self.dsn.split('@')[-1]}: {exc}") from exc
-            await self.migrate()
+                pool = await asyncpg.create_pool(self.dsn, min_size=self.min_size, max_size=self.max_size)
+            except asyncpg.PostgresError as exc:
+                if (exc.sqlstate or "").startswith(_CONFIG_STATES):
+                    cause = str(exc)
+                    for secret in self._secrets:
+                        cause = cause.replace(secret, "***")
+                    raise ConfigurationError(f"cannot connect to PostgreSQL at {self.location}: {cause}") from None
+                raise self._error("connect", exc) from exc
+            except self._catch as exc:
+                raise self._error("connect", exc) from exc
+            except ValueError as exc:  # a DSN asyncpg cannot parse
+                raise ConfigurationError(f"invalid PostgreSQL DSN {self.location}: {exc}") from None
+            try:
+                await self._migrate(pool)
+            except BaseException:
+                pool.terminate()
+                raise
+            self._pool = pool
         return self._pool
 
     async def migrate(self) -> int:
         """Apply missing migrations (once, under an advisory lock); returns the version in effect."""
-        async with self._pool.acquire() as con, con.transaction():
-            await con.execute("SELECT pg_advisory_xact_lock($1)", _LOCK_ID)
-            await con.execute("CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, "
-                              "applied_at DOUBLE PRECISION NOT NULL)")
-            have = await con.fetchval("SELECT COALESCE(MAX(version), 0) FROM schema_migrations")
-            for version, script in enumerate(MIGRATIONS, 1):
-                if version > have:
-                    await con.execute(script)
-                    await con.execute(f"INSERT INTO schema_migrations VALUES ($1, {_NOW})", version)
+        return await self._migrate(await self.pool())
+
+    async def _migrate(self, pool: Any) -> int:
+        with self._guard("migrate"):
+            # An up-to-date schema is only read: no lock, no write (a read-only database opens).
+            if (await pool.fetchval("SELECT to_regclass('schema_migrations') IS NOT NULL") and
+                    await pool.fetchval("SELECT COALESCE(MAX(version), 0) FROM schema_migrations") >= len(MIGRATIONS)):
+                return len(MIGRATIONS)
+            async with pool.acquire() as con, con.transaction():
+                await con.execute("SELECT pg_advisory_xact_lock($1)", _LOCK_ID)
+                await con.execute("CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, "
+                                  "applied_at DOUBLE PRECISION NOT NULL)")
+                have = await con.fetchval("SELECT COALESCE(MAX(version), 0) FROM schema_migrations")
+                for version, script in enumerate(MIGRATIONS, 1):
+                    if version > have:
+                        await con.execute(script)
+                        await con.execute(f"INSERT INTO schema_migrations VALUES ($1, {_NOW})", version)
         return len(MIGRATIONS)
 
     async def schema_version(self) -> int:
         pool = await self.pool()
-        return int(await pool.fetchval("SELECT COALESCE(MAX(version), 0) FROM schema_migrations"))
+        with self._guard("schema_version"):
+            return int(await pool.fetchval("SELECT COALESCE(MAX(version), 0) FROM schema_migrations"))
 
     _COLS = ("session_id, state, goal, goal_version, stop, metadata, last_seq, created_at, updated_at, "
              "lease_owner, lease_until")
@@ -128,77 +265,89 @@ class PostgresStore(Store):
 
         pool = await self.pool()
         try:
-            await pool.execute(
-                f"INSERT INTO sessions ({self._COLS}) VALUES ($1,$2,$3,$4,$5::jsonb,$6::jsonb,$7,$8,$9,$10,$11)",
-                record.session_id, record.state, record.goal, record.goal_version,
-                _j(record.stop) if record.stop is not None else None, _j(record.metadata), record.last_seq,
-                record.created_at, record.updated_at, record.lease_owner, record.lease_until)
-        except asyncpg.UniqueViolationError:
-            raise KeyError(f"session {record.session_id} already exists") from None
+            with self._guard("create_session"):
+                await pool.execute(
+                    f"INSERT INTO sessions ({self._COLS}) VALUES ($1,$2,$3,$4,$5::jsonb,$6::jsonb,$7,$8,$9,$10,$11)",
+                    record.session_id, record.state, record.goal, record.goal_version,
+                    _j(record.stop) if record.stop is not None else None, _j(record.metadata), record.last_seq,
+                    record.created_at, record.updated_at, record.lease_owner, record.lease_until)
+        except StoreError as exc:
+            if isinstance(exc.__cause__, asyncpg.UniqueViolationError):
+                raise SessionExistsError(record.session_id) from None
+            raise
 
     async def get_session(self, session_id: str) -> SessionRecord | None:
         pool = await self.pool()
-        r = await pool.fetchrow(f"SELECT {self._COLS} FROM sessions WHERE session_id=$1", session_id)
+        with self._guard("get_session"):
+            r = await pool.fetchrow(f"SELECT {self._COLS} FROM sessions WHERE session_id=$1", session_id)
         return self._session(r) if r else None
 
     async def list_sessions(self, limit: int = 50) -> list[SessionRecord]:
         pool = await self.pool()
-        rows = await pool.fetch(f"SELECT {self._COLS} FROM sessions ORDER BY updated_at DESC LIMIT $1", limit)
+        with self._guard("list_sessions"):
+            rows = await pool.fetch(f"SELECT {self._COLS} FROM sessions ORDER BY updated_at DESC LIMIT $1", limit)
         return [self._session(r) for r in rows]
 
     async def update_metadata(self, session_id: str, metadata: dict[str, Any], goal_version: int | None = None) -> None:
         pool = await self.pool()
-        status = await pool.execute(
-            f"UPDATE sessions SET metadata = metadata || $2::jsonb, goal_version = COALESCE($3, goal_version), "
-            f"updated_at = {_NOW} WHERE session_id=$1", session_id, _j(metadata), goal_version)
+        with self._guard("update_metadata"):
+            status = await pool.execute(
+                f"UPDATE sessions SET metadata = metadata || $2::jsonb, goal_version = COALESCE($3, goal_version), "
+                f"updated_at = {_NOW} WHERE session_id=$1", session_id, _j(metadata), goal_version)
         if status.endswith(" 0"):
             raise KeyError(f"unknown session {session_id}")
 
     async def write(self, batch: WriteBatch) -> None:
         pool = await self.pool()
-        async with pool.acquire() as con, con.transaction():
-            row = await con.fetchrow("SELECT last_seq, lease_owner FROM sessions WHERE session_id=$1 FOR UPDATE",
-                                     batch.session_id)
-            if row is None:
-                raise KeyError(f"unknown session {batch.session_id}")
-            last_seq, owner = row
-            if batch.expected_owner is not None and owner != batch.expected_owner:
-                raise LeaseLost(f"session {batch.session_id} is leased by {owner}, not {batch.expected_owner}")
-            if batch.events:
-                if batch.events[0].seq != last_seq + 1:
-                    raise ValueError(f"event seq {batch.events[0].seq} does not follow {last_seq}")
-                await con.executemany(
-                    "INSERT INTO events VALUES ($1,$2,$3,$4,$5,$6,$7::jsonb,$8)",
-                    [(e.session_id, e.seq, e.event_id, e.turn_id, e.type, e.ts, _j(e.payload), e.schema_version)
-                     for e in batch.events])
-                last_seq = batch.events[-1].seq
-            ck = batch.checkpoint
-            if ck is not None:
-                await con.execute("INSERT INTO checkpoints VALUES ($1,$2,$3,$4,$5::jsonb,$6,$7)",
-                                  ck.checkpoint_id, ck.session_id, ck.seq, ck.safe_point, _j(ck.data), ck.ts,
-                                  ck.schema_version)
-            if batch.ledger:
-                await con.executemany(
-                    "INSERT INTO ledger VALUES ($1,$2,$3,$4::jsonb,$5,$6,$7,$8,$9::jsonb,$10,$11) "
-                    "ON CONFLICT (session_id, call_id) DO UPDATE SET tool=EXCLUDED.tool, arguments=EXCLUDED.arguments, "
-                    "idempotency_key=EXCLUDED.idempotency_key, effect=EXCLUDED.effect, status=EXCLUDED.status, "
-                    "turn=EXCLUDED.turn, result=EXCLUDED.result, updated_at=EXCLUDED.updated_at, "
-                    "schema_version=EXCLUDED.schema_version",
-                    [(x.session_id, x.call_id, x.tool, _j(x.arguments), x.idempotency_key, x.effect, x.status.value,
-                      x.turn, _j(x.result) if x.result is not None else None, x.updated_at, x.schema_version)
-                     for x in batch.ledger])
-            await con.execute(
-                f"UPDATE sessions SET last_seq=$2, updated_at={_NOW}, state=COALESCE($3, state), "
-                "stop=COALESCE($4::jsonb, stop) WHERE session_id=$1",
-                batch.session_id, last_seq, batch.state, _j(batch.stop) if batch.stop is not None else None)
+        with self._guard("write"):
+            async with pool.acquire() as con, con.transaction():
+                await self._write(con, batch)
+
+    async def _write(self, con: Any, batch: WriteBatch) -> None:
+        row = await con.fetchrow("SELECT last_seq, lease_owner FROM sessions WHERE session_id=$1 FOR UPDATE",
+                                 batch.session_id)
+        if row is None:
+            raise KeyError(f"unknown session {batch.session_id}")
+        last_seq, owner = row
+        if batch.expected_owner is not None and owner != batch.expected_owner:
+            raise LeaseLost(f"session {batch.session_id} is leased by {owner}, not {batch.expected_owner}")
+        if batch.events:
+            if batch.events[0].seq != last_seq + 1:
+                raise ValueError(f"event seq {batch.events[0].seq} does not follow {last_seq}")
+            await con.executemany(
+                "INSERT INTO events VALUES ($1,$2,$3,$4,$5,$6,$7::jsonb,$8)",
+                [(e.session_id, e.seq, e.event_id, e.turn_id, e.type, e.ts, _j(e.payload), e.schema_version)
+                 for e in batch.events])
+            last_seq = batch.events[-1].seq
+        ck = batch.checkpoint
+        if ck is not None:
+            await con.execute("INSERT INTO checkpoints VALUES ($1,$2,$3,$4,$5::jsonb,$6,$7)",
+                              ck.checkpoint_id, ck.session_id, ck.seq, ck.safe_point, _j(ck.data), ck.ts,
+                              ck.schema_version)
+        if batch.ledger:
+            await con.executemany(
+                "INSERT INTO ledger VALUES ($1,$2,$3,$4::jsonb,$5,$6,$7,$8,$9::jsonb,$10,$11) "
+                "ON CONFLICT (session_id, call_id) DO UPDATE SET tool=EXCLUDED.tool, arguments=EXCLUDED.arguments, "
+                "idempotency_key=EXCLUDED.idempotency_key, effect=EXCLUDED.effect, status=EXCLUDED.status, "
+                "turn=EXCLUDED.turn, result=EXCLUDED.result, updated_at=EXCLUDED.updated_at, "
+                "schema_version=EXCLUDED.schema_version",
+                [(x.session_id, x.call_id, x.tool, _j(x.arguments), x.idempotency_key, x.effect, x.status.value,
+                  x.turn, _j(x.result) if x.result is not None else None, x.updated_at, x.schema_version)
+                 for x in batch.ledger])
+        await con.execute(
+            f"UPDATE sessions SET last_seq=$2, updated_at={_NOW}, state=COALESCE($3, state), "
+            "stop=COALESCE($4::jsonb, stop) WHERE session_id=$1",
+            batch.session_id, last_seq, batch.state, _j(batch.stop) if batch.stop is not None else None)
 
     async def read_events(self, session_id: str, after_seq: int = 0, until_seq: int | None = None,
                           types: Sequence[str] | None = None) -> list[EventRecord]:
         pool = await self.pool()
-        rows = await pool.fetch(
-            "SELECT session_id, seq, type, payload, turn_id, ts, event_id, schema_version FROM events "
-            "WHERE session_id=$1 AND seq>$2 AND seq<=$3 AND ($4::text[] IS NULL OR type = ANY($4::text[])) ORDER BY seq",
-            session_id, after_seq, until_seq if until_seq is not None else 2**62, list(types) if types else None)
+        with self._guard("read_events"):
+            rows = await pool.fetch(
+                "SELECT session_id, seq, type, payload, turn_id, ts, event_id, schema_version FROM events "
+                "WHERE session_id=$1 AND seq>$2 AND seq<=$3 AND ($4::text[] IS NULL OR type = ANY($4::text[])) "
+                "ORDER BY seq",
+                session_id, after_seq, until_seq if until_seq is not None else 2**62, list(types) if types else None)
         return [EventRecord(r[0], r[1], r[2], _l(r[3]), r[4], r[5], r[6], r[7]) for r in rows]
 
     @staticmethod
@@ -207,33 +356,38 @@ class PostgresStore(Store):
 
     async def latest_checkpoint(self, session_id: str) -> Checkpoint | None:
         pool = await self.pool()
-        r = await pool.fetchrow("SELECT * FROM checkpoints WHERE session_id=$1 ORDER BY seq DESC, ts DESC LIMIT 1",
-                                session_id)
+        with self._guard("latest_checkpoint"):
+            r = await pool.fetchrow("SELECT * FROM checkpoints WHERE session_id=$1 ORDER BY seq DESC, ts DESC LIMIT 1",
+                                    session_id)
         return self._checkpoint(r) if r else None
 
     async def get_checkpoint(self, checkpoint_id: str) -> Checkpoint | None:
         pool = await self.pool()
-        r = await pool.fetchrow("SELECT * FROM checkpoints WHERE checkpoint_id=$1", checkpoint_id)
+        with self._guard("get_checkpoint"):
+            r = await pool.fetchrow("SELECT * FROM checkpoints WHERE checkpoint_id=$1", checkpoint_id)
         return self._checkpoint(r) if r else None
 
     async def ledger(self, session_id: str) -> dict[str, LedgerEntry]:
         pool = await self.pool()
-        rows = await pool.fetch("SELECT * FROM ledger WHERE session_id=$1", session_id)
+        with self._guard("ledger"):
+            rows = await pool.fetch("SELECT * FROM ledger WHERE session_id=$1", session_id)
         return {r[1]: LedgerEntry(r[0], r[1], r[2], _l(r[3]), r[4], r[5], LedgerStatus(r[6]), r[7],
                                   _l(r[8]) if r[8] is not None else None, r[9], r[10]) for r in rows}
 
     async def acquire_lease(self, session_id: str, owner: str, ttl: float) -> bool:
         pool = await self.pool()
-        status = await pool.execute(
-            f"UPDATE sessions SET lease_owner=$2, lease_until={_NOW} + $3 WHERE session_id=$1 AND "
-            f"(lease_owner IS NULL OR lease_owner=$2 OR lease_until IS NULL OR lease_until < {_NOW})",
-            session_id, owner, ttl)
+        with self._guard("acquire_lease"):
+            status = await pool.execute(
+                f"UPDATE sessions SET lease_owner=$2, lease_until={_NOW} + $3 WHERE session_id=$1 AND "
+                f"(lease_owner IS NULL OR lease_owner=$2 OR lease_until IS NULL OR lease_until < {_NOW})",
+                session_id, owner, ttl)
         return bool(status == "UPDATE 1")
 
     async def release_lease(self, session_id: str, owner: str) -> None:
         pool = await self.pool()
-        await pool.execute("UPDATE sessions SET lease_owner=NULL, lease_until=NULL WHERE session_id=$1 AND lease_owner=$2",
-                           session_id, owner)
+        with self._guard("release_lease"):
+            await pool.execute("UPDATE sessions SET lease_owner=NULL, lease_until=NULL WHERE session_id=$1 AND "
+                               "lease_owner=$2", session_id, owner)
 
     async def push_control(self, record: ControlRecord) -> None:
         import asyncpg
@@ -242,24 +396,30 @@ class PostgresStore(Store):
         if await self.get_session(record.session_id) is None:
             raise KeyError(f"unknown session {record.session_id}")
         try:
-            await pool.execute("INSERT INTO controls VALUES ($1,$2,$3,$4,$5)", record.control_id, record.session_id,
-                               record.kind.value, record.text, record.ts)
-        except asyncpg.UniqueViolationError:
-            raise KeyError(f"control {record.control_id} already queued") from None
+            with self._guard("push_control"):
+                await pool.execute("INSERT INTO controls VALUES ($1,$2,$3,$4,$5)", record.control_id,
+                                   record.session_id, record.kind.value, record.text, record.ts)
+        except StoreError as exc:
+            if isinstance(exc.__cause__, asyncpg.UniqueViolationError):
+                raise KeyError(f"control {record.control_id} already queued") from None
+            raise
 
     async def take_controls(self, session_id: str, kinds: Sequence[ControlKind]) -> list[ControlRecord]:
         pool = await self.pool()
-        rows = await pool.fetch(
-            "DELETE FROM controls WHERE control_id IN (SELECT control_id FROM controls WHERE session_id=$1 AND "
-            "kind = ANY($2::text[]) ORDER BY ts FOR UPDATE SKIP LOCKED) RETURNING control_id, session_id, kind, text, ts",
-            session_id, [k.value for k in kinds])
+        with self._guard("take_controls"):
+            rows = await pool.fetch(
+                "DELETE FROM controls WHERE control_id IN (SELECT control_id FROM controls WHERE session_id=$1 AND "
+                "kind = ANY($2::text[]) ORDER BY ts FOR UPDATE SKIP LOCKED) "
+                "RETURNING control_id, session_id, kind, text, ts",
+                session_id, [k.value for k in kinds])
         return sorted((ControlRecord(r[1], ControlKind(r[2]), r[3], r[0], r[4]) for r in rows), key=lambda c: c.ts)
 
     async def peek_controls(self, session_id: str, kinds: Sequence[ControlKind]) -> bool:
         pool = await self.pool()
-        return bool(await pool.fetchval(
-            "SELECT EXISTS (SELECT 1 FROM controls WHERE session_id=$1 AND kind = ANY($2::text[]))",
-            session_id, [k.value for k in kinds]))
+        with self._guard("peek_controls"):
+            return bool(await pool.fetchval(
+                "SELECT EXISTS (SELECT 1 FROM controls WHERE session_id=$1 AND kind = ANY($2::text[]))",
+                session_id, [k.value for k in kinds]))
 
     async def close(self) -> None:
         if self._pool is not None:

@@ -9,19 +9,28 @@ the event loop: each is a short local transaction (tens of microseconds with
 Durability: in WAL mode with ``synchronous=NORMAL`` a committed transaction survives a killed
 process (SIGKILL) but may be lost on power failure; pass ``synchronous="FULL"`` to survive that
 too, at the cost of an fsync per commit.
+
+Failures: every SQLite error becomes a :class:`~fsm_agent.errors.StoreError` that names the file,
+the operation and SQLite's own message, chained to the ``sqlite3`` exception. ``transient`` is true
+for "database is locked" / busy (another process held the write lock past ``busy_timeout``) and
+out-of-memory; it is false for a full disk, a read-only file, a file that cannot be opened, an I/O
+error or a corrupt database, which a person must fix. A failed write is rolled back as a whole
+(nothing of it is visible) and the store stays usable: reads, and writes once the cause is gone.
 """
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from types import TracebackType
 from typing import Any
 
 import orjson
 
-from ..errors import LeaseLost
+from ..errors import LeaseLost, SessionExistsError, StoreError
 from .base import (
     Checkpoint,
     ControlKind,
@@ -69,35 +78,152 @@ def _j(value: Any) -> bytes:
     return orjson.dumps(value)
 
 
+# Primary SQLite result codes (https://www.sqlite.org/rescode.html) after which the same operation
+# may succeed later: another connection held the lock past busy_timeout, or memory ran short.
+_SQLITE_BUSY, _SQLITE_LOCKED, _SQLITE_NOMEM = 5, 6, 7
+_TRANSIENT_CODES = frozenset({_SQLITE_BUSY, _SQLITE_LOCKED, _SQLITE_NOMEM})
+
+
+def is_transient(exc: sqlite3.Error) -> bool:
+    """Whether retrying after ``exc`` may succeed: locked / busy / out of memory. A full disk
+    (``SQLITE_FULL``), a read-only database (``SQLITE_READONLY``), a file that cannot be opened
+    (``SQLITE_CANTOPEN``), an I/O error (``SQLITE_IOERR``), a corrupt file (``SQLITE_CORRUPT``,
+    ``SQLITE_NOTADB``) and everything else are not."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is not None:
+        return (code & 0xFF) in _TRANSIENT_CODES
+    text = str(exc).lower()  # an error without a result code (raised by hand, or by the sqlite3 module)
+    return "locked" in text or "busy" in text
+
+
+class _Guard:
+    """``with store._guard(op):`` turns a ``sqlite3.Error`` raised inside into a :class:`StoreError`."""
+
+    __slots__ = ("op", "store")
+
+    def __init__(self, store: SQLiteStore, op: str) -> None:
+        self.store, self.op = store, op
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, et: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        if isinstance(exc, sqlite3.Error):
+            raise self.store._error(self.op, exc) from exc
+
+
+class _Transaction:
+    """``with store._transaction(op):`` runs the block in ``BEGIN IMMEDIATE`` ... ``COMMIT``; on any
+    exception (or a failed COMMIT) it rolls back, so nothing of the block is visible, and turns
+    ``sqlite3`` errors into :class:`StoreError`. Other exceptions (``KeyError``, ``LeaseLost`` ...)
+    pass through unchanged."""
+
+    __slots__ = ("op", "store")
+
+    def __init__(self, store: SQLiteStore, op: str) -> None:
+        self.store, self.op = store, op
+
+    def __enter__(self) -> None:
+        try:
+            self.store._db.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as exc:
+            self.store._rollback()
+            raise self.store._error(self.op, exc) from exc
+
+    def __exit__(self, et: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        store = self.store
+        if exc is None:
+            try:
+                store._db.execute("COMMIT")
+            except sqlite3.Error as commit_exc:
+                store._rollback()
+                raise store._error(self.op, commit_exc) from commit_exc
+            return
+        store._rollback()
+        if isinstance(exc, sqlite3.Error):
+            raise store._error(self.op, exc) from exc
+
+
 class SQLiteStore(Store):
     """Sessions in one SQLite file.
 
     Args:
-        path: the database file (created with its directory), or ``":memory:"``.
-        busy_timeout: seconds to wait for another process's write lock.
+        path: the database file (created with its directory), ``":memory:"``, or a SQLite ``file:``
+            URI such as ``"file:/srv/sessions.db?mode=ro"`` (a read-only view: reads work, writes
+            raise a :class:`StoreError`).
+        busy_timeout: seconds to wait for another process's write lock before an operation fails
+            with a transient :class:`StoreError` ("database is locked").
         synchronous: ``"NORMAL"`` (default) or ``"FULL"``.
+
+    Raises:
+        StoreError: the file cannot be opened, created or migrated (``operation="open"``).
+
+    Attributes:
+        location: the absolute file path (or URI, or ``":memory:"``) that errors name.
     """
 
     def __init__(self, path: str | Path, *, busy_timeout: float = 30.0, synchronous: str = "NORMAL") -> None:
         self.path = str(path)
-        if self.path != ":memory:":
-            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(self.path, timeout=busy_timeout, isolation_level=None, check_same_thread=False)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute(f"PRAGMA synchronous={synchronous}")
-        self._db.execute("PRAGMA foreign_keys=ON")
-        self.migrate()
+        uri = self.path.startswith("file:")
+        self.location = self.path if uri or self.path == ":memory:" else os.path.abspath(self.path)
+        try:
+            if not uri and self.path != ":memory:":
+                Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+            self._db = sqlite3.connect(self.path, timeout=busy_timeout, isolation_level=None,
+                                       check_same_thread=False, uri=uri)
+        except (OSError, sqlite3.Error) as exc:
+            raise self._error("open", exc) from exc
+        try:
+            with self._guard("open"):
+                self._db.execute("PRAGMA journal_mode=WAL")
+                self._db.execute(f"PRAGMA synchronous={synchronous}")
+                self._db.execute("PRAGMA foreign_keys=ON")
+            self.migrate()
+        except BaseException:
+            self._db.close()
+            raise
 
     def __repr__(self) -> str:
         return f"SQLiteStore({self.path!r})"
 
+    # -- failures -----------------------------------------------------------------------
+    def _error(self, operation: str, exc: BaseException) -> StoreError:
+        transient = is_transient(exc) if isinstance(exc, sqlite3.Error) else False
+        return StoreError(self.location, operation, exc, transient=transient)
+
+    def _guard(self, operation: str) -> _Guard:
+        return _Guard(self, operation)
+
+    def _transaction(self, operation: str) -> _Transaction:
+        return _Transaction(self, operation)
+
+    def _rollback(self) -> None:
+        # SQLite rolls back by itself after some errors (SQLITE_FULL, SQLITE_IOERR ...): a ROLLBACK
+        # then would fail with "no transaction is active" and hide the real cause.
+        if self._db.in_transaction:
+            try:
+                self._db.execute("ROLLBACK")
+            except sqlite3.Error:
+                pass
+
     # -- schema -------------------------------------------------------------------------
+    def _have_version(self) -> int:
+        row = self._db.execute(
+            "SELECT 1 FROM sqlite_master WHERE type='table' AND name='schema_migrations'").fetchone()
+        if row is None:
+            return 0
+        return int(self._db.execute("SELECT COALESCE(MAX(version), 0) FROM schema_migrations").fetchone()[0])
+
     def migrate(self) -> int:
-        """Apply missing migrations; returns the schema version now in effect."""
+        """Apply missing migrations; returns the schema version now in effect. A database that is
+        already current is only read (so a read-only file opens)."""
         db = self._db
-        db.execute("CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, applied_at REAL NOT NULL)")
-        db.execute("BEGIN IMMEDIATE")
-        try:
+        with self._guard("open"):
+            if self._have_version() >= len(MIGRATIONS):
+                return len(MIGRATIONS)
+        with self._transaction("migrate"):
+            db.execute("CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, "
+                       "applied_at REAL NOT NULL)")
             have = db.execute("SELECT COALESCE(MAX(version), 0) FROM schema_migrations").fetchone()[0]
             for version, script in enumerate(MIGRATIONS, 1):
                 if version <= have:
@@ -106,14 +232,11 @@ class SQLiteStore(Store):
                     if stmt.strip():
                         db.execute(stmt)
                 db.execute("INSERT INTO schema_migrations VALUES (?, ?)", (version, time.time()))
-            db.execute("COMMIT")
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
         return len(MIGRATIONS)
 
     def schema_version(self) -> int:
-        return int(self._db.execute("SELECT COALESCE(MAX(version), 0) FROM schema_migrations").fetchone()[0])
+        with self._guard("schema_version"):
+            return self._have_version()
 
     # -- sessions -----------------------------------------------------------------------
     @staticmethod
@@ -135,55 +258,65 @@ class SQLiteStore(Store):
                  _j(record.stop) if record.stop is not None else None, _j(record.metadata), record.last_seq,
                  record.created_at, record.updated_at, record.lease_owner, record.lease_until),
             )
-        except sqlite3.IntegrityError:
-            raise KeyError(f"session {record.session_id} already exists") from None
+        except sqlite3.IntegrityError as exc:
+            if "UNIQUE" in str(exc):
+                raise SessionExistsError(record.session_id) from None
+            raise self._error("create_session", exc) from exc
+        except sqlite3.Error as exc:
+            raise self._error("create_session", exc) from exc
 
     async def get_session(self, session_id: str) -> SessionRecord | None:
-        row = self._db.execute(f"SELECT {self._COLS} FROM sessions WHERE session_id=?", (session_id,)).fetchone()
+        with self._guard("get_session"):
+            row = self._db.execute(f"SELECT {self._COLS} FROM sessions WHERE session_id=?", (session_id,)).fetchone()
         return self._session(row) if row else None
 
     async def list_sessions(self, limit: int = 50) -> list[SessionRecord]:
-        rows = self._db.execute(f"SELECT {self._COLS} FROM sessions ORDER BY updated_at DESC LIMIT ?", (limit,))
+        with self._guard("list_sessions"):
+            rows = self._db.execute(f"SELECT {self._COLS} FROM sessions ORDER BY updated_at DESC LIMIT ?",
+                                    (limit,)).fetchall()
         return [self._session(r) for r in rows]
 
     async def update_metadata(self, session_id: str, metadata: dict[str, Any], goal_version: int | None = None) -> None:
         db = self._db
-        db.execute("BEGIN IMMEDIATE")
-        try:
+        with self._transaction("update_metadata"):
             row = db.execute("SELECT metadata, goal_version FROM sessions WHERE session_id=?", (session_id,)).fetchone()
             if row is None:
                 raise KeyError(f"unknown session {session_id}")
             merged = {**orjson.loads(row[0]), **metadata}
             db.execute("UPDATE sessions SET metadata=?, goal_version=?, updated_at=? WHERE session_id=?",
                        (_j(merged), goal_version or row[1], time.time(), session_id))
-            db.execute("COMMIT")
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
 
     # -- the one write path ---------------------------------------------------------------
-    async def write(self, batch: WriteBatch) -> None:
+    # One conditional UPDATE claims the seq range, checks the lease and moves the state; only when it
+    # matches nothing is the row read, to say why.
+    _CLAIM = ("UPDATE sessions SET last_seq=COALESCE(?, last_seq), updated_at=?, state=COALESCE(?, state), "
+              "stop=COALESCE(?, stop) WHERE session_id=? AND (? IS NULL OR last_seq=?) AND (? IS NULL OR lease_owner=?)")
+
+    def _claim(self, batch: WriteBatch) -> None:
         db = self._db
         first = batch.events[0].seq if batch.events else None
         last = batch.events[-1].seq if batch.events else None
-        db.execute("BEGIN IMMEDIATE")
-        try:
-            # One conditional UPDATE claims the seq range, checks the lease and moves the state; only
-            # when it matches nothing is the row read, to say why.
-            cur = db.execute(
-                "UPDATE sessions SET last_seq=COALESCE(?, last_seq), updated_at=?, state=COALESCE(?, state), "
-                "stop=COALESCE(?, stop) WHERE session_id=? AND (? IS NULL OR last_seq=?) "
-                "AND (? IS NULL OR lease_owner=?)",
-                (last, time.time(), batch.state, _j(batch.stop) if batch.stop is not None else None, batch.session_id,
-                 first, (first or 1) - 1, batch.expected_owner, batch.expected_owner))
-            if cur.rowcount != 1:
-                row = db.execute("SELECT last_seq, lease_owner FROM sessions WHERE session_id=?",
-                                 (batch.session_id,)).fetchone()
-                if row is None:
-                    raise KeyError(f"unknown session {batch.session_id}")
-                if batch.expected_owner is not None and row[1] != batch.expected_owner:
-                    raise LeaseLost(f"session {batch.session_id} is leased by {row[1]}, not {batch.expected_owner}")
-                raise ValueError(f"event seq {first} does not follow {row[0]}")
+        cur = db.execute(self._CLAIM, (
+            last, time.time(), batch.state, _j(batch.stop) if batch.stop is not None else None, batch.session_id,
+            first, (first or 1) - 1, batch.expected_owner, batch.expected_owner))
+        if cur.rowcount != 1:
+            row = db.execute("SELECT last_seq, lease_owner FROM sessions WHERE session_id=?",
+                             (batch.session_id,)).fetchone()
+            if row is None:
+                raise KeyError(f"unknown session {batch.session_id}")
+            if batch.expected_owner is not None and row[1] != batch.expected_owner:
+                raise LeaseLost(f"session {batch.session_id} is leased by {row[1]}, not {batch.expected_owner}")
+            raise ValueError(f"event seq {first} does not follow {row[0]}")
+
+    async def write(self, batch: WriteBatch) -> None:
+        db = self._db
+        if not batch.events and batch.checkpoint is None and not batch.ledger:
+            # Only the session row changes: one UPDATE, atomic by itself (no BEGIN / COMMIT).
+            with self._guard("write"):
+                self._claim(batch)
+            return
+        with self._transaction("write"):
+            self._claim(batch)
             if batch.events:
                 db.executemany(
                     "INSERT INTO events VALUES (?,?,?,?,?,?,?,?)",
@@ -201,20 +334,17 @@ class SQLiteStore(Store):
                       x.turn, _j(x.result) if x.result is not None else None, x.updated_at, x.schema_version)
                      for x in batch.ledger],
                 )
-            db.execute("COMMIT")
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
 
     # -- reads --------------------------------------------------------------------------
     async def read_events(self, session_id: str, after_seq: int = 0, until_seq: int | None = None,
                           types: Sequence[str] | None = None) -> list[EventRecord]:
         only = f" AND type IN ({','.join('?' * len(types))})" if types else ""
-        rows = self._db.execute(
-            "SELECT session_id, seq, type, payload, turn_id, ts, event_id, schema_version FROM events "
-            f"WHERE session_id=? AND seq>? AND seq<=?{only} ORDER BY seq",
-            (session_id, after_seq, until_seq if until_seq is not None else 2**62, *(types or ())),
-        )
+        with self._guard("read_events"):
+            rows = self._db.execute(
+                "SELECT session_id, seq, type, payload, turn_id, ts, event_id, schema_version FROM events "
+                f"WHERE session_id=? AND seq>? AND seq<=?{only} ORDER BY seq",
+                (session_id, after_seq, until_seq if until_seq is not None else 2**62, *(types or ())),
+            ).fetchall()
         return [EventRecord(r[0], r[1], r[2], orjson.loads(r[3]), r[4], r[5], r[6], r[7]) for r in rows]
 
     @staticmethod
@@ -222,16 +352,19 @@ class SQLiteStore(Store):
         return Checkpoint(r[0], r[1], r[2], r[3], orjson.loads(r[4]), r[5], r[6])
 
     async def latest_checkpoint(self, session_id: str) -> Checkpoint | None:
-        r = self._db.execute("SELECT * FROM checkpoints WHERE session_id=? ORDER BY seq DESC, ts DESC LIMIT 1",
-                             (session_id,)).fetchone()
+        with self._guard("latest_checkpoint"):
+            r = self._db.execute("SELECT * FROM checkpoints WHERE session_id=? ORDER BY seq DESC, ts DESC LIMIT 1",
+                                 (session_id,)).fetchone()
         return self._checkpoint(r) if r else None
 
     async def get_checkpoint(self, checkpoint_id: str) -> Checkpoint | None:
-        r = self._db.execute("SELECT * FROM checkpoints WHERE checkpoint_id=?", (checkpoint_id,)).fetchone()
+        with self._guard("get_checkpoint"):
+            r = self._db.execute("SELECT * FROM checkpoints WHERE checkpoint_id=?", (checkpoint_id,)).fetchone()
         return self._checkpoint(r) if r else None
 
     async def ledger(self, session_id: str) -> dict[str, LedgerEntry]:
-        rows = self._db.execute("SELECT * FROM ledger WHERE session_id=?", (session_id,))
+        with self._guard("ledger"):
+            rows = self._db.execute("SELECT * FROM ledger WHERE session_id=?", (session_id,)).fetchall()
         return {
             r[1]: LedgerEntry(r[0], r[1], r[2], orjson.loads(r[3]), r[4], r[5], LedgerStatus(r[6]), r[7],
                               orjson.loads(r[8]) if r[8] is not None else None, r[9], r[10])
@@ -240,53 +373,46 @@ class SQLiteStore(Store):
 
     # -- leases and controls ------------------------------------------------------------------
     async def acquire_lease(self, session_id: str, owner: str, ttl: float) -> bool:
-        db = self._db
-        db.execute("BEGIN IMMEDIATE")
-        try:
-            now = time.time()
-            cur = db.execute(
+        # One conditional UPDATE is atomic by itself: of two racing workers exactly one matches.
+        now = time.time()
+        with self._guard("acquire_lease"):
+            cur = self._db.execute(
                 "UPDATE sessions SET lease_owner=?, lease_until=? WHERE session_id=? AND "
                 "(lease_owner IS NULL OR lease_owner=? OR lease_until IS NULL OR lease_until<?)",
                 (owner, now + ttl, session_id, owner, now),
             )
-            db.execute("COMMIT")
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
         return cur.rowcount == 1
 
     async def release_lease(self, session_id: str, owner: str) -> None:
-        self._db.execute("UPDATE sessions SET lease_owner=NULL, lease_until=NULL WHERE session_id=? AND lease_owner=?",
-                         (session_id, owner))
+        with self._guard("release_lease"):
+            self._db.execute("UPDATE sessions SET lease_owner=NULL, lease_until=NULL WHERE session_id=? AND lease_owner=?",
+                             (session_id, owner))
 
     async def push_control(self, record: ControlRecord) -> None:
         if await self.get_session(record.session_id) is None:
             raise KeyError(f"unknown session {record.session_id}")
-        self._db.execute("INSERT INTO controls VALUES (?,?,?,?,?)",
-                         (record.control_id, record.session_id, record.kind.value, record.text, record.ts))
+        with self._guard("push_control"):
+            self._db.execute("INSERT INTO controls VALUES (?,?,?,?,?)",
+                             (record.control_id, record.session_id, record.kind.value, record.text, record.ts))
 
     async def take_controls(self, session_id: str, kinds: Sequence[ControlKind]) -> list[ControlRecord]:
         if not await self.peek_controls(session_id, kinds):  # the common case takes no write lock
             return []
         db = self._db
         marks = ",".join("?" * len(kinds))
-        db.execute("BEGIN IMMEDIATE")
-        try:
+        with self._transaction("take_controls"):
             rows = db.execute(
                 f"SELECT control_id, session_id, kind, text, ts FROM controls WHERE session_id=? AND kind IN ({marks}) "
                 "ORDER BY ts", (session_id, *[k.value for k in kinds])).fetchall()
             if rows:
                 db.executemany("DELETE FROM controls WHERE control_id=?", [(r[0],) for r in rows])
-            db.execute("COMMIT")
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
         return [ControlRecord(r[1], ControlKind(r[2]), r[3], r[0], r[4]) for r in rows]
 
     async def peek_controls(self, session_id: str, kinds: Sequence[ControlKind]) -> bool:
         marks = ",".join("?" * len(kinds))
-        row = self._db.execute(f"SELECT 1 FROM controls WHERE session_id=? AND kind IN ({marks}) LIMIT 1",
-                               (session_id, *[k.value for k in kinds])).fetchone()
+        with self._guard("peek_controls"):
+            row = self._db.execute(f"SELECT 1 FROM controls WHERE session_id=? AND kind IN ({marks}) LIMIT 1",
+                                   (session_id, *[k.value for k in kinds])).fetchone()
         return row is not None
 
     async def close(self) -> None:

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from fsm_agent import Agent, ScriptedProvider, tool
-from fsm_agent.errors import LeaseLost
+from fsm_agent.errors import LeaseLost, SessionExistsError
 from fsm_agent.providers import tool_call_response
 from fsm_agent.session import load_session
 from fsm_agent.store import (
@@ -27,7 +27,7 @@ async def test_sessions_create_get_list_update(store) -> None:
     await store.create_session(SessionRecord("s1", "Idle", goal="first", metadata={"a": 1}))
     await asyncio.sleep(0.01)
     await store.create_session(SessionRecord("s2", "Idle", goal="second"))
-    with pytest.raises(KeyError):
+    with pytest.raises(SessionExistsError):
         await store.create_session(SessionRecord("s1", "Idle"))
     s1 = await store.get_session("s1")
     assert (s1.goal, s1.metadata, s1.last_seq, s1.goal_version) == ("first", {"a": 1}, 0, 1)
