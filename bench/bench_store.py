@@ -184,7 +184,7 @@ class FsmSide:
     def __init__(self) -> None:
         from fsm_agent import Agent, RunConfig, tool
         from fsm_agent.providers import ScriptedProvider, text_response, tool_call_response
-        from fsm_agent.session import load_session
+        from fsm_agent.store.sessions import load_session
 
         self.Agent, self.RunConfig, self.load_session = Agent, RunConfig, load_session
         self.ScriptedProvider, self.text_response, self.tool_call_response = ScriptedProvider, text_response, tool_call_response

@@ -19,11 +19,13 @@ middleware chain is frozen then, and adding middleware afterwards raises.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import signal
 import socket
 import time
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from typing import Any
 
 import orjson
@@ -33,16 +35,19 @@ from .chain import MiddlewareChain
 from .control import Cancel, Decision, Followup, Interrupt, LoopControl, Steer
 from .errors import ChainError, ResumeError
 from .hooks import HookBus
-from .machine.context import RunConfig, RunContext
+from .machine.config import RunConfig
+from .machine.context import RunContext
 from .machine.definition import MachineState
 from .machine.driver import Driver
+from .machine.journal import Journal
 from .machine.phases import Phase, Trigger
+from .machine.state import RunState
 from .middleware import Middleware
 from .pricing import cost_usd
 from .providers.base import Provider
-from .session import Journal, load_session, send_control
-from .store.base import ControlKind, ControlRecord, SessionRecord, Store
+from .store.base import ControlKind, ControlRecord, LedgerStatus, SessionRecord, Store
 from .store.memory import MemoryStore
+from .store.sessions import LoadedSession, load_session, send_control
 from .tools.registry import Tool, ToolRegistry
 from .types.codec import structure, unstructure
 from .types.messages import Message, SystemMessage, UserMessage
@@ -97,6 +102,8 @@ class Agent:
         self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.lease_ttl = lease_ttl
         self.control_poll = control_poll
+        self._active: set[Driver] = set()
+        """Drivers of this agent's runs in flight in this process (for :meth:`drain_on_signals`)."""
 
     @property
     def middleware(self) -> tuple[Middleware, ...]:
@@ -125,28 +132,64 @@ class Agent:
         return msgs
 
     def new_context(self, messages: list[Message], *, session_id: str | None = None,
-                    config: RunConfig | None = None) -> RunContext:
-        return RunContext(
-            session_id=session_id or uuid.uuid4().hex,
-            config=config or self.config,
-            provider=self.provider,
-            tools=self.tools,
-            transcript=messages,
-        )
+                    config: RunConfig | None = None, state: RunState | None = None) -> RunContext:
+        """A run context (the plugins' view) over ``state`` (default: a fresh :class:`RunState`)."""
+        run = state if state is not None else RunState(config=config or self.config)
+        if config is not None:
+            run.config = config
+        return RunContext(session_id or uuid.uuid4().hex, self.provider, self.tools, messages, run)
 
     def driver(self, ctx: RunContext, journal: Journal | None = None) -> Driver:
+        """A driver for ``ctx`` (freezes the middleware chain)."""
         self.chain.freeze()
         return Driver(ctx, self.chain, self.hooks, cost_of=cost_usd, journal=journal,
                       control_poll=self.control_poll, lease_ttl=self.lease_ttl)
 
     async def _drive(self, ctx: RunContext, journal: Journal, first: Trigger | None, reason: str) -> RunResult:
+        driver = self.driver(ctx, journal)
+        self._active.add(driver)
         try:
-            return await self.driver(ctx, journal).run(first, reason)
+            return await driver.run(first, reason)
         finally:
-            try:
-                await self.store.release_lease(ctx.session_id, self.worker_id)
-            except Exception:  # noqa: BLE001 - the lease expires on its own
-                pass
+            self._active.discard(driver)
+            await self._release(ctx.session_id)
+
+    async def _release(self, session_id: str) -> None:
+        try:
+            await self.store.release_lease(session_id, self.worker_id)
+        except Exception:  # noqa: BLE001 - the lease expires on its own
+            pass
+
+    @contextlib.asynccontextmanager
+    async def drain_on_signals(self, signals: Sequence[signal.Signals] = (signal.SIGTERM, signal.SIGINT)
+                               ) -> AsyncIterator[None]:
+        """Opt in to graceful shutdown: while the block runs, each of ``signals`` interrupts every run
+        this agent drives in this process. The model stream is cut (the streamed text is kept), each
+        tool call in flight gets its result or "outcome unknown", and the run ends INTERRUPTED with a
+        checkpoint and a released lease, so it can be resumed at once; ``run`` returns that result.
+        A second signal gets the default behaviour (for SIGINT, ``KeyboardInterrupt``).
+
+        Unix only (``loop.add_signal_handler``); the previous handlers are restored on exit.
+
+            async with agent.drain_on_signals():
+                result = await agent.run("...")
+        """
+        loop = asyncio.get_running_loop()
+        installed: list[signal.Signals] = []
+
+        def on_signal(sig: signal.Signals) -> None:
+            for driver in list(self._active):
+                driver.interrupt(f"received {sig.name}")
+            loop.remove_signal_handler(sig)  # a second signal: the default behaviour
+
+        try:
+            for sig in signals:
+                loop.add_signal_handler(sig, on_signal, sig)
+                installed.append(sig)
+            yield
+        finally:
+            for sig in installed:
+                loop.remove_signal_handler(sig)
 
     async def run(
         self,
@@ -165,6 +208,11 @@ class Agent:
         Never raises for what happens during the run: failures end in
         FAILED_RETRYABLE / FAILED_TERMINAL with the error in ``stop.error``.
         Cancelling the task records INTERRUPTED and re-raises ``CancelledError``.
+
+        Raises:
+            SessionExistsError: ``session_id`` names a session that exists (resume it instead).
+            ConfigurationError: a bad limit.
+            StoreError: the store could not create the session.
         """
         cfg = config or self.config
         if limits:
@@ -181,6 +229,30 @@ class Agent:
         for m in messages:
             journal.message(m, 0)
         return await self._drive(ctx, journal, Trigger.START, "start")
+
+    async def check_resume(self, session_id: str, decisions: Mapping[str, Decision] | None = None) -> LoadedSession:
+        """Check that ``session_id`` can be resumed with ``decisions``, without taking its lease or
+        changing anything; returns the loaded session.
+
+        Raises:
+            ResumeError: unknown session; it ended COMPLETED, FAILED_TERMINAL or CANCELLED; a decision
+                for a call that is not pending, or of a kind that call does not allow; another worker
+                holds its lease.
+        """
+        loaded = await load_session(self.store, session_id)
+        if loaded is None:
+            raise ResumeError(f"unknown session {session_id!r}")
+        rec = loaded.record
+        terminal = _terminal(rec.state)
+        if terminal is not None and not terminal.resumable:
+            raise ResumeError(f"session {session_id} ended {terminal.value}; only WAITING_HUMAN, PAUSED_BUDGET, "
+                              "INTERRUPTED and FAILED_RETRYABLE sessions can be resumed")
+        if decisions:
+            _check_decisions(rec.stop, decisions)
+        if rec.lease_owner is not None and rec.lease_owner != self.worker_id and (rec.lease_until or 0) > time.time():
+            raise ResumeError(f"session {session_id} is being driven by worker {rec.lease_owner} "
+                              f"(lease until {time.ctime(rec.lease_until or 0)}); interrupt it or wait")
+        return loaded
 
     async def resume(
         self,
@@ -200,56 +272,65 @@ class Agent:
 
         Completed tool calls never run again (the ledger has their results); a side-effect call
         found started but unfinished after a crash is reconciled by its tool or put to a person.
+        Everything is checked before the lease is taken, and the lease is released on every way out.
 
         Raises:
-            ResumeError: unknown session; it ended COMPLETED, FAILED_TERMINAL or CANCELLED; another
-                worker holds its lease.
+            ResumeError: see :meth:`check_resume`; also when another worker takes the lease first.
         """
-        loaded = await load_session(self.store, session_id)
-        if loaded is None:
-            raise ResumeError(f"unknown session {session_id!r}")
+        loaded = await self.check_resume(session_id, decisions)
         rec = loaded.record
-        try:
-            terminal: StopReason | None = StopReason(rec.state)
-        except ValueError:
-            terminal = None
-        if terminal is not None and not terminal.resumable:
-            raise ResumeError(f"session {session_id} ended {terminal.value}; only WAITING_HUMAN, PAUSED_BUDGET, "
-                              "INTERRUPTED and FAILED_RETRYABLE sessions can be resumed")
         if not await self.store.acquire_lease(session_id, self.worker_id, self.lease_ttl):
-            raise ResumeError(f"session {session_id} is being driven by worker {rec.lease_owner} "
-                              f"(lease until {time.ctime(rec.lease_until or 0)}); interrupt it or wait")
-        ck = loaded.checkpoint
-        cfg = structure(ck.data["config"], RunConfig) if ck is not None else self.config
+            fresh = await self.store.get_session(session_id)
+            owner = fresh.lease_owner if fresh is not None else None
+            raise ResumeError(f"session {session_id} was just taken by worker {owner or 'another worker'}; "
+                              "interrupt it or wait")
+        try:
+            ctx, journal, first, reason = await self._resume_context(loaded, decisions, confirm_cancel, limits)
+        except BaseException:
+            await self._release(session_id)
+            raise
+        return await self._drive(ctx, journal, first, reason)
+
+    async def _resume_context(self, loaded: LoadedSession, decisions: Mapping[str, Decision] | None,
+                              confirm_cancel: bool, limits: Mapping[str, Any]
+                              ) -> tuple[RunContext, Journal, Trigger | None, str]:
+        rec, ck = loaded.record, loaded.checkpoint
+        session_id = rec.session_id
+        if loaded.state_data is not None:
+            state = structure(loaded.state_data, RunState)
+        else:
+            state = RunState(config=self.config)
+        state.ledger = dict(loaded.ledger)  # written before each step: never older than the checkpoint
         if limits:
-            cfg = evolve(cfg, **limits)
-        ctx = self.new_context(loaded.transcript, session_id=session_id, config=cfg)
-        loaded.restore(ctx)
-        ctx.ledger = dict(loaded.ledger)
-        if decisions:
-            _check_decisions(rec.stop, decisions)
-        ctx.decisions = {**ctx.decisions, **dict(decisions or {})}  # earlier approvals of calls not yet run
-        ctx.cancel_confirmed = confirm_cancel
-        ctx.goal_version = rec.goal_version
+            state.config = evolve(state.config, **limits)
+        # Earlier approvals of calls not yet run carry over; an approval replayed from the checkpoint for
+        # a call the ledger says started (or closed) is stale: the call is settled by the ledger, not rerun.
+        settled = {cid for cid, e in state.ledger.items() if e.status is LedgerStatus.STARTED or e.status.final}
+        state.decisions = {k: v for k, v in state.decisions.items() if k not in settled}
+        state.decisions.update(decisions or {})
+        state.cancel_confirmed = confirm_cancel
+        state.goal_version = max(state.goal_version, rec.goal_version)
+        ctx = self.new_context(loaded.transcript, session_id=session_id, state=state)
         journal = Journal(self.store, session_id, rec.last_seq + 1, self.worker_id)
         for stale in await self.store.take_controls(session_id, [ControlKind.INTERRUPT]):
             # an interrupt meant for an earlier run must not stop this one
             journal.record("control_dropped", {"kind": stale.kind.value, "text": stale.text,
                                                "reason": "queued before this resume"})
+        terminal = _terminal(rec.state)
         if terminal is not None:
             ctx.machine = MachineState(terminal)
-            to_tools = ck is not None and ck.safe_point == Phase.MID_TURN.value and bool(ctx.pending_calls)
+            to_tools = ck is not None and ck.safe_point == Phase.MID_TURN.value and bool(state.pending_calls)
             first = Trigger.RESUME_TOOLS if to_tools else Trigger.RESUME
-            reason = "resume" + (f" with {len(ctx.decisions)} decision(s)" if ctx.decisions else "")
-            return await self._drive(ctx, journal, first, reason)
+            return ctx, journal, first, "resume" + (f" with {len(state.decisions)} decision(s)" if state.decisions else "")
         # Not terminal: the worker that drove it is gone (its lease expired). Continue at the last safe point.
         if ck is None:
             ctx.machine = MachineState(Phase.IDLE)
-            return await self._drive(ctx, journal, Trigger.START, "start (recovered: no checkpoint yet)")
+            return ctx, journal, Trigger.START, "start (recovered: no checkpoint yet)"
         ctx.machine = MachineState(Phase(ck.safe_point))
         journal.record("recovered", {"state": rec.state, "checkpoint_id": ck.checkpoint_id,
-                                     "reason": f"worker {rec.lease_owner} stopped in {rec.state}"})
-        return await self._drive(ctx, journal, None, "recovered")
+                                     "reason": f"the worker that drove it ({rec.lease_owner or 'unknown'}) "
+                                               f"stopped in {rec.state}"})
+        return ctx, journal, None, "recovered"
 
     async def control(self, session_id: str, control: LoopControl) -> None:
         """Send a control event to a session, wherever it runs (through the store).
@@ -282,6 +363,13 @@ class Agent:
     def __repr__(self) -> str:
         return (f"Agent(provider={self.provider!r}, tools={list(self.tools.names)}, "
                 f"middleware={[m.middleware_name for m in self.chain.middleware]})")
+
+
+def _terminal(state: str) -> StopReason | None:
+    try:
+        return StopReason(state)
+    except ValueError:
+        return None
 
 
 def _check_decisions(stop: Mapping[str, Any] | None, decisions: Mapping[str, Decision]) -> None:

@@ -11,7 +11,10 @@ Built once, at construction:
    applied with a stable topological sort in which the user's order breaks
    ties (like pydantic-ai's capability ordering). Cycles, duplicate names and
    missing requirements raise :class:`~fsm_agent.errors.ChainError`.
-3. **Build** one list per hook, already filtered and ordered.
+3. **Compose**, when the chain is frozen (before the first run): one tuple of bound hook methods
+   per phase, already filtered and ordered, and one composed onion per ``wrap_*`` hook. The
+   driver calls typed methods (:meth:`MiddlewareChain.pre_turn`, :meth:`~MiddlewareChain.model_call`
+   ...); nothing is looked up by hook name at run time.
 
 A chain is frozen after the first run starts; changing it then raises.
 """
@@ -23,13 +26,39 @@ import heapq
 import inspect
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from attrs import evolve
 
 from .errors import ChainError, MiddlewareError, ProviderError, Signal
-from .middleware import ASYNC_ONLY, HOOKS, SYNC_ONLY, FailurePolicy, Middleware
+from .middleware import (
+    ASYNC_ONLY,
+    HOOKS,
+    SYNC_ONLY,
+    AskApproval,
+    Deny,
+    Edit,
+    FailurePolicy,
+    Middleware,
+    Respond,
+    ToolDecision,
+    TurnDecision,
+)
+from .types.content import ToolUseBlock
+from .types.messages import ToolResultMessage
+from .types.requests import MessageRequest, MessageResponse
+from .types.stream import StreamEvent
 
 if TYPE_CHECKING:
     from .machine.context import RunContext
+    from .types.run import RunResult
+
+_A = TypeVar("_A")
+_R = TypeVar("_R")
+
+Inner = Callable[[_A], Awaitable[_R]]
+Composed = Callable[[_A, "RunContext", Inner[_A, _R]], Awaitable[_R]]
+"""A composed ``wrap_*`` chain: ``await composed(arg, ctx, inner)`` runs every layer, then ``inner``."""
 
 __all__ = ["MiddlewareChain", "resolve_order"]
 
@@ -102,8 +131,22 @@ def resolve_order(items: Sequence[Middleware]) -> list[Middleware]:
     return [items[index[n]] for n in out]
 
 
+class _Hook:
+    """One middleware's bound hook, with what the chain needs to call it."""
+
+    __slots__ = ("fn", "is_async", "isolate", "name")
+
+    def __init__(self, m: Middleware, hook: str) -> None:
+        self.fn = getattr(m, hook)
+        self.is_async = inspect.iscoroutinefunction(self.fn)
+        self.isolate = FailurePolicy(m.failure_policy) is FailurePolicy.ISOLATE
+        self.name = m.middleware_name
+
+
 class MiddlewareChain:
-    """Middleware composed per hook. Call the ``run_*`` methods from the driver."""
+    """Middleware composed per hook. The driver calls the typed methods below; each runs the hook of
+    every middleware that overrides it, in chain order (reverse order for the "after" hooks
+    ``post_turn`` and ``on_run_end``), with each middleware's failure policy applied."""
 
     def __init__(self, middleware: Iterable[Middleware] = ()) -> None:
         items = list(middleware)
@@ -115,10 +158,8 @@ class MiddlewareChain:
         self._by_hook: dict[str, tuple[Middleware, ...]] = {
             h: tuple(m for m in self.middleware if _overrides(m, h)) for h in HOOKS
         }
-        self._async: dict[tuple[int, str], bool] = {
-            (id(m), h): inspect.iscoroutinefunction(getattr(m, h)) for m in self.middleware for h in HOOKS
-        }
         self.frozen = False
+        self._compile()
 
     @staticmethod
     def _validate(m: Middleware) -> None:
@@ -139,7 +180,25 @@ class MiddlewareChain:
             raise ChainError(f"middleware {m.middleware_name!r}: failure_policy must be 'propagate' or 'isolate', "
                              f"not {policy!r}") from None
 
+    def _compile(self) -> None:
+        """Bind every overridden hook once and compose the ``wrap_*`` onions."""
+        by = self._by_hook
+        self._pre_turn = tuple(_Hook(m, "pre_turn") for m in by["pre_turn"])
+        self._on_tool_call = tuple(_Hook(m, "on_tool_call") for m in by["on_tool_call"])
+        self._post_turn = tuple(_Hook(m, "post_turn") for m in reversed(by["post_turn"]))
+        self._run_start = tuple(_Hook(m, "on_run_start") for m in by["on_run_start"])
+        self._run_end = tuple(_Hook(m, "on_run_end") for m in reversed(by["on_run_end"]))
+        self._events = tuple(_Hook(m, "on_model_event") for m in by["on_model_event"])
+        self.model_call: Composed[MessageRequest, MessageResponse] = _compose(
+            tuple(_Hook(m, "wrap_model_call") for m in by["wrap_model_call"]), "wrap_model_call")
+        """``await chain.model_call(request, ctx, provider_call)``: the ``wrap_model_call`` layers around
+        ``provider_call`` (first listed outermost); once per logical call, outside the provider's retries."""
+        self.tool_call: Composed[ToolUseBlock, ToolResultMessage] = _compose(
+            tuple(_Hook(m, "wrap_tool_call") for m in by["wrap_tool_call"]), "wrap_tool_call")
+        """``await chain.tool_call(call, ctx, execute)``: the ``wrap_tool_call`` layers around ``execute``."""
+
     def freeze(self) -> None:
+        """Fix the chain (called when the first run starts); later changes raise ChainError."""
         self.frozen = True
 
     def with_middleware(self, extra: Iterable[Middleware]) -> MiddlewareChain:
@@ -149,7 +208,13 @@ class MiddlewareChain:
         return MiddlewareChain([*self.middleware, *extra])
 
     def hooks(self, hook: str) -> tuple[Middleware, ...]:
+        """The middleware overriding ``hook``, in chain order (for descriptions and diagrams)."""
         return self._by_hook[hook]
+
+    @property
+    def filters_model_events(self) -> bool:
+        """Whether any middleware overrides ``on_model_event`` (the driver skips the call otherwise)."""
+        return bool(self._events)
 
     def __len__(self) -> int:
         return len(self.middleware)
@@ -164,106 +229,112 @@ class MiddlewareChain:
             out[h] = names
         return out
 
-    # -- invocation helpers ------------------------------------------------------
-    async def _call(self, m: Middleware, hook: str, *args: Any) -> Any:
-        try:
-            result = getattr(m, hook)(*args)
-            if self._async[(id(m), hook)]:
-                result = await result
-            return result
-        except (Signal, ProviderError):
-            raise
-        except Exception as exc:
-            if FailurePolicy(m.failure_policy) is FailurePolicy.ISOLATE:
-                log.exception("middleware %r failed in %s; isolated, continuing", m.middleware_name, hook)
-                return _ISOLATED
-            raise MiddlewareError(m.middleware_name, hook, exc) from exc
+    # -- the phases' calls ---------------------------------------------------------------
+    async def run_start(self, ctx: RunContext) -> None:
+        """``on_run_start`` of each middleware, in chain order."""
+        for h in self._run_start:
+            await _call(h, "on_run_start", ctx)
 
-    async def run_pre_turn(self, ctx: RunContext) -> None:
-        for m in self._by_hook["pre_turn"]:
-            await self._call(m, "pre_turn", ctx)
+    async def run_end(self, ctx: RunContext, result: RunResult) -> None:
+        """``on_run_end`` of each middleware, in reverse chain order."""
+        for h in self._run_end:
+            await _call(h, "on_run_end", ctx, result)
 
-    async def run_lifecycle(self, hook: str, ctx: RunContext, *args: Any) -> None:
-        items = self._by_hook[hook]
-        if hook == "on_run_end":
-            items = tuple(reversed(items))
-        for m in items:
-            await self._call(m, hook, ctx, *args)
+    async def pre_turn(self, ctx: RunContext) -> None:
+        """``pre_turn`` of each middleware, in chain order."""
+        for h in self._pre_turn:
+            await _call(h, "pre_turn", ctx)
 
-    def model_event(self, event: Any, ctx: RunContext) -> Any:
-        for m in self._by_hook["on_model_event"]:
+    def model_event(self, event: StreamEvent, ctx: RunContext) -> StreamEvent | None:
+        """Pass a stream event through every ``on_model_event``; ``None`` once one hides it."""
+        out: StreamEvent | None = event
+        for h in self._events:
             try:
-                event = m.on_model_event(event, ctx)
+                out = h.fn(out, ctx)
             except Exception as exc:
-                if FailurePolicy(m.failure_policy) is FailurePolicy.ISOLATE:
-                    log.exception("middleware %r failed in on_model_event; isolated", m.middleware_name)
+                if h.isolate:
+                    log.exception("middleware %r failed in on_model_event; isolated", h.name)
                     continue
-                raise MiddlewareError(m.middleware_name, "on_model_event", exc) from exc
-            if event is None:
+                raise MiddlewareError(h.name, "on_model_event", exc) from exc
+            if out is None:
                 return None
-        return event
+        return out
 
-    def wrap(self, hook: str, inner: Callable[[Any], Awaitable[Any]], ctx: RunContext) -> Callable[[Any], Awaitable[Any]]:
-        """Compose ``hook`` (``wrap_model_call`` / ``wrap_tool_call``) around ``inner``; first listed is outermost."""
-        call = inner
-        for m in reversed(self._by_hook[hook]):
-            call = self._layer(m, hook, call, ctx)
-        return call
-
-    def _layer(self, m: Middleware, hook: str, nxt: Callable[[Any], Awaitable[Any]], ctx: RunContext) -> Callable[[Any], Awaitable[Any]]:
-        fn = getattr(m, hook)
-        isolate = FailurePolicy(m.failure_policy) is FailurePolicy.ISOLATE
-
-        async def layer(arg: Any) -> Any:
-            entered = [False]
-
-            async def guarded_next(a: Any) -> Any:
-                entered[0] = True
-                return await nxt(a)
-
-            try:
-                return await fn(arg, guarded_next, ctx)
-            except (Signal, ProviderError):
-                raise
-            except MiddlewareError:
-                raise
-            except Exception as exc:
-                if isolate and not entered[0]:
-                    log.exception("middleware %r failed in %s; isolated, passing through", m.middleware_name, hook)
-                    return await nxt(arg)
-                if isolate:
-                    raise
-                raise MiddlewareError(m.middleware_name, hook, exc) from exc
-
-        return layer
-
-    async def tool_decisions(self, call: Any, ctx: RunContext) -> list[tuple[str, Any]]:
-        """Each middleware's decision on ``call`` in order, as (name, decision), stopping at a final one.
-
-        ``Edit`` decisions are applied before asking the next middleware.
-        """
-        from .middleware import AskApproval, Deny, Edit, Respond
-
-        out: list[tuple[str, Any]] = []
-        for m in self._by_hook["on_tool_call"]:
-            d = await self._call(m, "on_tool_call", call, ctx)
+    async def tool_decisions(self, call: ToolUseBlock, ctx: RunContext) -> list[tuple[str, ToolDecision]]:
+        """Each middleware's decision on ``call`` in order, as (name, decision), stopping at a final one
+        (Deny, AskApproval, Respond). ``Edit`` decisions are applied before asking the next middleware."""
+        out: list[tuple[str, ToolDecision]] = []
+        for h in self._on_tool_call:
+            d = await _call(h, "on_tool_call", call, ctx)
             if d is None or d is _ISOLATED:
                 continue
-            out.append((m.middleware_name, d))
+            out.append((h.name, d))
             if isinstance(d, Edit):
-                from attrs import evolve
-
                 call = evolve(call, input=dict(d.arguments), raw_input=None)
             if isinstance(d, (Deny, AskApproval, Respond)):
                 break
         return out
 
-    async def turn_decision(self, ctx: RunContext) -> tuple[str, Any] | None:
-        for m in reversed(self._by_hook["post_turn"]):
-            d = await self._call(m, "post_turn", ctx)
+    async def turn_decision(self, ctx: RunContext) -> tuple[str, TurnDecision] | None:
+        """The first ``post_turn`` decision in reverse chain order, as (name, decision), or ``None``."""
+        for h in self._post_turn:
+            d = await _call(h, "post_turn", ctx)
             if d is not None and d is not _ISOLATED:
-                return m.middleware_name, d
+                return h.name, d
         return None
+
+
+async def _call(h: _Hook, hook: str, *args: Any) -> Any:
+    try:
+        result = h.fn(*args)
+        if h.is_async:
+            result = await result
+        return result
+    except (Signal, ProviderError):
+        raise
+    except Exception as exc:
+        if h.isolate:
+            log.exception("middleware %r failed in %s; isolated, continuing", h.name, hook)
+            return _ISOLATED
+        raise MiddlewareError(h.name, hook, exc) from exc
+
+
+def _compose(layers: tuple[_Hook, ...], hook: str) -> Composed[Any, Any]:
+    """The onion of ``layers`` (first = outermost) around the ``inner`` given at each call."""
+
+    async def innermost(arg: Any, ctx: RunContext, inner: Inner[Any, Any]) -> Any:
+        return await inner(arg)
+
+    call: Composed[Any, Any] = innermost
+    for h in reversed(layers):
+        call = _layer(h, hook, call)
+    return call
+
+
+def _layer(h: _Hook, hook: str, nxt: Composed[Any, Any]) -> Composed[Any, Any]:
+    fn = h.fn
+
+    async def layer(arg: Any, ctx: RunContext, inner: Inner[Any, Any]) -> Any:
+        entered = False
+
+        async def call_next(a: Any) -> Any:
+            nonlocal entered
+            entered = True
+            return await nxt(a, ctx, inner)
+
+        try:
+            return await fn(arg, call_next, ctx)
+        except (Signal, ProviderError, MiddlewareError):
+            raise
+        except Exception as exc:
+            if h.isolate and not entered:
+                log.exception("middleware %r failed in %s; isolated, passing through", h.name, hook)
+                return await nxt(arg, ctx, inner)
+            if h.isolate:
+                raise
+            raise MiddlewareError(h.name, hook, exc) from exc
+
+    return layer
 
 
 _ISOLATED = object()

@@ -386,7 +386,7 @@ async def _resume(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
 
 async def _sessions(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    from .session import load_session
+    from .store.sessions import load_session
     from .types.codec import unstructure
 
     store = open_store(args.store, create=False)
@@ -434,7 +434,7 @@ async def _sessions(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
 
 async def _control(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    from .session import send_control
+    from .store.sessions import send_control
     from .store.base import ControlKind
 
     kind = ControlKind(args.kind)

@@ -5,13 +5,19 @@ can check it; prices change, and a model missing here has no cost (``None``),
 never a guessed one. Cached input tokens are billed at ``cached_input``
 (OpenAI: a subset of input; Anthropic: reported separately, billed at the
 cache-read rate). Override or extend with :func:`register_price`.
+
+A leaf module: it imports nothing from fsm_agent at run time, so every layer (the stream
+types included) may use it.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from attrs import frozen
 
-from .types.messages import Usage
+if TYPE_CHECKING:
+    from .types.messages import Usage
 
 __all__ = ["PRICES", "Price", "cost_usd", "price_for", "register_price"]
 

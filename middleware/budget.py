@@ -16,7 +16,7 @@ wrap-up. This middleware does not repeat it. It
   with ``warn_core=True`` the core's too (against the lower limit when both
   are set), so the core's budgets get a warning without being checked twice;
 * with ``wrap_up=True``, turns the stop into one last model call with tools
-  disabled (``ctx.tools_enabled = False``) and an instruction to answer with
+  disabled (``ctx.settings.tools_enabled = False``) and an instruction to answer with
   what the model has (appended to ``ctx.messages`` only, never to the
   transcript). If the model answers, the run completes (``post_turn`` returns
   :class:`~fsm_agent.Complete` naming the budget); if it still wants to go
@@ -251,7 +251,7 @@ class Budget(Middleware):
         if not self.wrap_up:
             raise StopRun(StopReason.PAUSED_BUDGET, hit[1], budget=hit[0])
         st["wrap"] = hit
-        ctx.tools_enabled = False
+        ctx.settings.tools_enabled = False
         ctx.messages.append(UserMessage(self.wrap_up_message.format(budget=hit[0], detail=hit[1])))
 
     async def wrap_model_call(self, request: MessageRequest, call_next: Any, ctx: RunContext) -> MessageResponse:
@@ -287,7 +287,3 @@ class Budget(Middleware):
         if wrap is None or resp is None or resp.tool_calls or resp.stop_reason is ModelStopReason.PAUSE_TURN:
             return None
         return Complete(detail=f"answered in the wrap-up turn ({wrap[1]})")
-
-    def on_run_end(self, ctx: RunContext, result: Any) -> None:
-        if self._state(ctx)["wrap"] is not None:
-            ctx.tools_enabled = True  # a resumed run starts with tools again

@@ -374,17 +374,18 @@ class MessageRepair(Middleware):
 
     def budget(self, ctx: RunContext) -> int | None:
         """Prompt tokens for the messages of this call, or ``None`` (window unknown): the window
-        minus the output room (``ctx.max_output_override``, else ``config.max_output_tokens``, else
+        minus the output room (``ctx.settings.max_output_tokens``, else ``config.max_output_tokens``, else
         ``output_reserve_tokens``) minus the offered tool definitions (``fsm_agent.types.tokens``
         counts; cl100k); times ``retry_budget_ratio`` when ``ctx.context_retry`` (B20)."""
         window = self.max_context_tokens or ctx.provider.capabilities.context_window
         if window is None:
             return None
-        reserve = (ctx.max_output_override or ctx.config.max_output_tokens
+        settings = ctx.settings
+        reserve = (settings.max_output_tokens or ctx.config.max_output_tokens
                    or self.output_reserve_tokens)
         budget = window - reserve
-        if ctx.tools_enabled and len(ctx.tools):
-            tools = ctx.tools.definitions(ctx.active_tools)
+        if settings.tools_enabled and len(ctx.tools):
+            tools = ctx.tools.definitions(settings.active_tools)
             budget -= estimate_request_tokens(MessageRequest("", (), tools=tools))
         if ctx.context_retry:
             budget = int(budget * self.retry_budget_ratio)

@@ -32,12 +32,10 @@ full). An unknown name gets an error result listing what can be activated.
 The meta-tool is not counted in ``max_active``. Because it answers its own
 calls, this middleware is ordered outside ToolPolicy, HumanApproval and Budget.
 
-Too many tools: when more registered tools than ``warn_above`` (default 25)
-are offered in a turn (the meta-tool aside), one warning is logged, once
-per middleware instance, on the
-logger ``fsm_agent.middleware.tool_activation`` (a note for the operator,
-not an observer event: nothing about the run's budget changed). With the
-defaults (``max_active=25``) it only fires if ``max_active`` is raised or ``None``.
+Too many tools: the runtime itself warns (logger ``fsm_agent.driver`` and a
+``warning`` event in the session log) when more than 25 tools are offered on a
+run's first call (seed 000 §5.2.5); with the defaults (``max_active=25``) this
+middleware keeps a run under that line.
 
 State (the LRU order, last use per tool) is per run: a resumed run starts
 again from registration order. Errors: bad options raise
@@ -57,12 +55,9 @@ from attrs import evolve
 from fsm_agent import ConfigurationError, Middleware, Ordering, Respond, RunContext, ToolUseBlock
 from fsm_agent.types import MessageRequest, MessageResponse, ToolDefinition
 
-__all__ = ["SEED_TOOL_WARNING", "ToolActivation"]
+__all__ = ["ToolActivation"]
 
 log = logging.getLogger("fsm_agent.middleware.tool_activation")
-
-SEED_TOOL_WARNING = 25
-"""Seed 000 §5.2.5: warn when more tools than this are offered."""
 
 
 def _count(option: str, value: Any, minimum: int) -> Any:
@@ -78,7 +73,6 @@ class ToolActivation(Middleware):
         max_active: registered tools offered per turn (``always_on`` included); ``None``: no bound.
         always_on: tool names that are always offered and never evicted.
         max_idle_turns: evict a tool after this many completed turns without a call; ``None``: never.
-        warn_above: log one warning when more tools than this are offered (seed 000: 25).
         activation_tool: name of the meta-tool that re-activates an evicted tool; ``None``: none.
 
     Raises:
@@ -96,18 +90,15 @@ class ToolActivation(Middleware):
         *,
         always_on: Iterable[str] = (),
         max_idle_turns: int | None = None,
-        warn_above: int = SEED_TOOL_WARNING,
         activation_tool: str | None = "activate_tool",
     ) -> None:
         self.max_active = _count("max_active", max_active, 1)
         self.always_on: tuple[str, ...] = (always_on,) if isinstance(always_on, str) else tuple(always_on)
         self.max_idle_turns = _count("max_idle_turns", max_idle_turns, 1)
-        self.warn_above = _count("warn_above", warn_above, 0)
         if max_active is not None and max_active <= len(self.always_on):
             raise ConfigurationError(f"ToolActivation: max_active={max_active} leaves no slot beyond the "
                                      f"{len(self.always_on)} always_on tool(s); raise it or shorten always_on")
         self.activation_tool = activation_tool
-        self._warned = False
 
     @property
     def _slots(self) -> int | None:
@@ -115,7 +106,7 @@ class ToolActivation(Middleware):
 
     def __repr__(self) -> str:
         return (f"ToolActivation(max_active={self.max_active!r}, always_on={list(self.always_on)!r}, "
-                f"max_idle_turns={self.max_idle_turns!r}, warn_above={self.warn_above!r}, "
+                f"max_idle_turns={self.max_idle_turns!r}, "
                 f"activation_tool={self.activation_tool!r})")
 
     # -- LRU -------------------------------------------------------------------------
@@ -167,14 +158,9 @@ class ToolActivation(Middleware):
                 st["active"] = [n for n in st["active"] if n not in idle]
                 log.debug("turn %d: %s evicted (idle for %d turns)", done + 1, ", ".join(idle), self.max_idle_turns)
         offered = [n for n in ctx.tools.names if n in self.always_on or n in st["active"]]
-        ctx.active_tools = offered
+        ctx.settings.active_tools = offered
         inactive = self.inactive(ctx)
         st["meta"] = self._meta_definition(ctx, inactive) if self.activation_tool and inactive else None
-        count = len(offered)
-        if count > self.warn_above and not self._warned:
-            self._warned = True
-            log.warning("%d tools are offered to the model (more than %d); many models answer worse with long "
-                        "tool lists (seed 000 §5.2.5): lower max_active or deny unused tools", count, self.warn_above)
 
     def _meta_definition(self, ctx: RunContext, inactive: list[str]) -> ToolDefinition:
         lines = []

@@ -247,7 +247,8 @@ async def test_interrupt_mid_tool_leaves_a_synthetic_result_and_a_valid_history(
     last = result.messages[-1]
     assert last.role == "tool" and last.is_error and last.metadata == {"synthetic": "interrupted"}
     ledger = await store_kind.ledger("mt")
-    assert ledger[last.tool_call_id].status is LedgerStatus.STARTED
+    assert ledger[last.tool_call_id].status is LedgerStatus.INTERRUPTED  # closed: never run again silently
+    assert ledger[last.tool_call_id].result["content"][0]["text"].startswith("The run stopped while")
     resumed = await agent.resume("mt")
     assert resumed.stop.reason is StopReason.COMPLETED
     roles = [m.role for m in provider.requests[-1].messages]

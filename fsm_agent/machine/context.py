@@ -1,145 +1,224 @@
-"""Run configuration (budgets, limits) and the mutable context handed to middleware."""
+"""What middleware sees of a run: :class:`RunContext`, a read-only view of the run state plus the
+two things a plugin may write.
+
+A plugin may write:
+
+* ``ctx.messages`` — the context of the next model call (rebuilt from the transcript at each
+  PreTurn; PreTurn middleware may rewrite it: repair, redaction, compaction);
+* ``ctx.settings`` — :class:`~fsm_agent.machine.state.TurnSettings` for the next call (active
+  tools, tools enabled, max output tokens).
+
+Everything else is read-only: the driver's own state (:class:`~fsm_agent.machine.state.RunState`)
+is not reachable through the view, so no plugin can move a counter, the ledger or a decision.
+Run-scoped plugin data goes in ``ctx.state(self)``; observer events go out through
+:meth:`RunContext.emit`.
+"""
 
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
-
-from attrs import define, field, frozen
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..types.content import ToolUseBlock
 from ..types.messages import Message, Usage
-from ..types.requests import MessageResponse, ThinkingConfig
+from ..types.requests import MessageRequest, MessageResponse
+from .config import RunConfig
 from .definition import MachineState
+from .state import RunState, TurnSettings
 
 if TYPE_CHECKING:
     from ..providers.base import Provider
     from ..tools.registry import ToolRegistry
 
-__all__ = ["RunConfig", "RunContext"]
+__all__ = ["CallProvider", "RunConfig", "RunContext", "TurnSettings"]
 
 
-@frozen
-class RunConfig:
-    """Limits and settings of a run. Budgets are checked at each PreTurn in seed 000's order:
-    shutdown (interrupt/cancel) → iterations → wall clock → tokens → cost.
+class CallProvider(Protocol):
+    """``await ctx.call_provider(request, provider=None, *, account=False)``: one model call through
+    the runtime's streaming path (observers see the deltas).
+
+    Args:
+        request: the request to send.
+        provider: another provider to call (a fallback, a grader); ``None``: the run's.
+        account: add the call's usage and cost to the run (for calls outside the Model phase, such
+            as a grader's; the Model phase accounts its own call).
+
+    Raises:
+        ProviderError: the call failed (after the provider's own retries).
     """
 
-    max_iterations: int = 50
-    """Model calls per run (seed 000 §5.1.2 default 50)."""
-    max_wall_clock: float | None = 600.0
-    """Seconds from the run's start (seed 000 default 600 s); ``None``: no limit."""
-    max_tokens: int | None = None
-    """Input + output tokens over the run (seed 000 default: none)."""
-    max_cost_usd: float | None = None
-    """USD over the run; ``None``: no limit."""
-    tool_timeout: float | None = None
-    """Seconds per tool call, overriding each tool's own timeout (default 600 s per tool); ``None``: the tool's."""
-    stream: bool = True
-    """Stream model responses (observers see deltas)."""
-    max_output_tokens: int | None = None
-    """``max_tokens`` of each model request; ``None``: the provider's default."""
-    temperature: float | None = None
-    thinking: ThinkingConfig | None = None
-    tool_choice: str | None = None
-    approval_timeout: float | None = None
-    """Hang-Wait: seconds to wait in process for a person's decision on a tool call before stopping
-    WAITING_HUMAN (Stop-Resume). ``None`` (default): stop at once and resume later."""
-
-    def __attrs_post_init__(self) -> None:
-        from ..errors import ConfigurationError
-
-        if self.max_iterations < 1:
-            raise ConfigurationError(f"max_iterations must be at least 1, not {self.max_iterations}")
-        for name in ("max_wall_clock", "max_tokens", "tool_timeout", "max_output_tokens"):
-            value = getattr(self, name)
-            if value is not None and value <= 0:
-                raise ConfigurationError(f"{name} must be positive (or None for no limit), not {value}")
-        for name in ("max_cost_usd", "approval_timeout"):
-            value = getattr(self, name)
-            if value is not None and value < 0:
-                raise ConfigurationError(f"{name} must not be negative, not {value}")
+    async def __call__(self, request: MessageRequest, provider: Provider | None = None, *,
+                       account: bool = False) -> MessageResponse: ...
 
 
-@define(slots=False)
 class RunContext:
-    """Everything a run knows, handed to middleware hooks. Mutable; valid for one run (or resume).
+    """The plugin's view of one run (valid for one run or resume).
 
-    ``transcript`` is the conversation of record (append-only in practice);
-    ``messages`` is the context of the current model call, rebuilt from the
-    transcript at each PreTurn and free for PreTurn middleware to rewrite.
+    Read-only properties mirror the run state (``turn``, ``usage``, ``cost_usd``, ``last_response``
+    ...); ``messages`` and ``settings`` are the plugin's to write.
     """
 
-    session_id: str
-    config: RunConfig
-    provider: Provider
-    tools: ToolRegistry
-    transcript: list[Message]
-    machine: MachineState = field(factory=MachineState)
-    messages: list[Message] = field(factory=list)
-    turn: int = 0
-    """Model calls started in this session (1-based once the first call starts)."""
-    usage: Usage = Usage()
-    """Tokens over the session."""
-    cost_usd: float | None = 0.0
-    """USD over the session; ``None`` once a call had no known price."""
-    tool_calls_made: int = 0
-    tool_call_counts: dict[str, int] = field(factory=dict)
-    last_response: MessageResponse | None = None
-    pending_calls: list[ToolUseBlock] = field(factory=list)
-    active_tools: list[str] | None = None
-    """Tool names offered to the model this turn; ``None``: all registered tools."""
-    tools_enabled: bool = True
-    """False for a wrap-up turn (one last call with no tools)."""
-    started_at: float = field(factory=time.monotonic)
-    """``time.monotonic()`` at the start of this run."""
-    elapsed_before: float = 0.0
-    """Wall-clock seconds spent by earlier runs of this session (resumes)."""
-    evidence: list[str] = field(factory=list)
-    extra_stop: dict[str, Any] = field(factory=dict)
-    _states: dict[str, dict[str, Any]] = field(factory=dict)
-    context_retry: bool = False
-    """Set once the context-length recovery (re-trim and retry once, case B20) was used."""
-    max_output_override: int | None = None
-    """A lowered ``max_tokens`` for the next call (context-length recovery)."""
-    decisions: dict[str, Any] = field(factory=dict)
-    """Decisions (:class:`~fsm_agent.control.Decision`) on pending tool calls, by call id, given at resume."""
-    ledger: dict[str, Any] = field(factory=dict)
-    """The session's tool-call ledger (call id -> LedgerEntry) as loaded and updated by this run."""
-    goal_version: int = 1
-    """Incremented by each Steer."""
-    cancel_confirmed: bool = False
-    """A person confirmed a cancel whose side effects have no compensation."""
-    outbox: list[Any] = field(factory=list)
-    """Observer events queued by middleware with :meth:`emit`; delivered after the current hook."""
-    call_provider: Any = None
-    """``await ctx.call_provider(request, provider=None, *, account=False) -> MessageResponse``: one model
-    call through the runtime's streaming path (observers see the deltas), with ``provider`` instead of
-    the run's when given; ``account=True`` adds its usage and cost to the run (for calls outside the
-    Model phase, e.g. a grader). Set by the driver; middleware use it for fallbacks and graders."""
+    __slots__ = ("_run", "_states", "_outbox", "call_provider", "machine", "messages", "provider", "session_id",
+                 "settings", "started_at", "tools", "transcript")
 
-    def emit(self, event: Any) -> None:
-        """Queue an observer event (e.g. :class:`~fsm_agent.types.BudgetWarning`); middleware cannot await
-        observers themselves, and observers cannot change the run."""
-        self.outbox.append(event)
+    def __init__(self, session_id: str, provider: Provider, tools: ToolRegistry, transcript: list[Message],
+                 run: RunState | None = None, *, machine: MachineState | None = None) -> None:
+        self.session_id = session_id
+        """The session's id."""
+        self.provider = provider
+        """The run's provider (read it for its name, model and capabilities)."""
+        self.tools = tools
+        """The registered tools."""
+        self.transcript = transcript
+        """The conversation of record (append-only; the driver appends). Read, never write."""
+        self._run = run if run is not None else RunState()
+        self.machine = machine if machine is not None else MachineState(state_named(self._run.state))
+        self.messages: list[Message] = []
+        """The context of the current model call; PreTurn middleware may rewrite it."""
+        self.settings = TurnSettings()
+        """Settings of the next model call; PreTurn middleware may change them."""
+        self.started_at = time.monotonic()
+        """``time.monotonic()`` at the start of this run (or resume)."""
+        self._states: dict[str, dict[str, Any]] = {}
+        self._outbox: list[Any] = []
+        self.call_provider: CallProvider = _no_provider_call
+        """One model call through the runtime (see :class:`CallProvider`); set by the driver."""
 
-    @property
-    def remaining_wall_clock(self) -> float | None:
-        """Seconds left of the wall-clock budget, or ``None`` without one."""
-        if self.config.max_wall_clock is None:
-            return None
-        return max(0.0, self.config.max_wall_clock - self.elapsed)
-
-    @property
-    def state_name(self) -> str:
-        return str(self.machine.state.value)
-
-    @property
-    def elapsed(self) -> float:
-        """Wall-clock seconds of this session so far (all runs)."""
-        return self.elapsed_before + time.monotonic() - self.started_at
-
+    # -- the plugin's own data ------------------------------------------------------------
     def state(self, middleware: Any) -> dict[str, Any]:
         """A dict private to ``middleware`` for this run (created empty on first use)."""
         key = getattr(middleware, "middleware_name", None) or str(middleware)
         return self._states.setdefault(key, {})
+
+    def emit(self, event: Any) -> None:
+        """Queue an observer event (e.g. :class:`~fsm_agent.types.BudgetWarning`); it is delivered,
+        and written to the session log, after the current hook returns. Observers cannot change
+        the run, so middleware cannot await them."""
+        self._outbox.append(event)
+
+    # -- read-only view of the run state ----------------------------------------------------
+    @property
+    def config(self) -> RunConfig:
+        """Budgets and settings of this run."""
+        return self._run.config
+
+    @property
+    def turn(self) -> int:
+        """Model calls started in this session (1-based once the first call starts)."""
+        return self._run.turn
+
+    @property
+    def usage(self) -> Usage:
+        """Tokens over the session."""
+        return self._run.usage
+
+    @property
+    def cost_usd(self) -> float | None:
+        """USD over the session; ``None`` once a call had no known price."""
+        return self._run.cost_usd
+
+    @property
+    def tool_calls_made(self) -> int:
+        """Tool calls executed in this session."""
+        return self._run.tool_calls_made
+
+    @property
+    def tool_call_counts(self) -> Mapping[str, int]:
+        """Executed tool calls per tool name (read-only)."""
+        return _ReadOnly(self._run.tool_call_counts)
+
+    @property
+    def last_response(self) -> MessageResponse | None:
+        """The last model response of this session, or ``None`` before the first."""
+        return self._run.last_response
+
+    @property
+    def pending_calls(self) -> Sequence[ToolUseBlock]:
+        """Tool calls of the last response that have no result yet."""
+        return tuple(self._run.pending_calls)
+
+    @property
+    def context_retry(self) -> bool:
+        """The next call is the one retry after a context-length error (re-trim harder)."""
+        return self._run.context_retry
+
+    @property
+    def max_output_override(self) -> int | None:
+        """A lowered ``max_tokens`` the runtime chose for the next call (context-length recovery)."""
+        return self._run.max_output_override
+
+    @property
+    def goal_version(self) -> int:
+        """Incremented by each Steer."""
+        return self._run.goal_version
+
+    @property
+    def evidence(self) -> Sequence[str]:
+        """Evidence references gathered so far."""
+        return tuple(self._run.evidence)
+
+    @property
+    def elapsed(self) -> float:
+        """Wall-clock seconds of this session so far (all runs)."""
+        return self._run.elapsed + time.monotonic() - self.started_at
+
+    @property
+    def remaining_wall_clock(self) -> float | None:
+        """Seconds left of the wall-clock budget, or ``None`` without one."""
+        if self._run.config.max_wall_clock is None:
+            return None
+        return max(0.0, self._run.config.max_wall_clock - self.elapsed)
+
+    @property
+    def state_name(self) -> str:
+        """The machine state's name (``PreTurn`` ...)."""
+        return str(self.machine.state.value)
+
+    # -- compatibility readers of the turn settings -------------------------------------------
+    @property
+    def active_tools(self) -> list[str] | None:
+        """``settings.active_tools`` (read-only here; set ``ctx.settings.active_tools``)."""
+        return self.settings.active_tools
+
+    @property
+    def tools_enabled(self) -> bool:
+        """``settings.tools_enabled`` (read-only here; set ``ctx.settings.tools_enabled``)."""
+        return self.settings.tools_enabled
+
+    def __repr__(self) -> str:
+        return f"RunContext(session_id={self.session_id!r}, state={self.state_name}, turn={self.turn})"
+
+
+class _ReadOnly(Mapping[str, int]):
+    __slots__ = ("_d",)
+
+    def __init__(self, d: dict[str, int]) -> None:
+        self._d = d
+
+    def __getitem__(self, key: str) -> int:
+        return self._d[key]
+
+    def __iter__(self) -> Any:
+        return iter(self._d)
+
+    def __len__(self) -> int:
+        return len(self._d)
+
+
+async def _no_provider_call(request: MessageRequest, provider: Provider | None = None, *,
+                            account: bool = False) -> MessageResponse:
+    from ..errors import ConfigurationError
+
+    raise ConfigurationError("ctx.call_provider is available only while a driver runs the context")
+
+
+def state_named(name: str) -> Any:
+    """The machine state named ``name`` (a :class:`Phase` or a :class:`StopReason`)."""
+    from ..types.run import StopReason
+    from .phases import Phase
+
+    try:
+        return Phase(name)
+    except ValueError:
+        return StopReason(name)

@@ -1,68 +1,71 @@
-"""The loop: one explicit function that runs each phase's work and fires the triggers.
+"""The loop: one explicit function that runs each phase and fires the trigger its outcome names.
 
-The ``transitions`` machine only checks that each move is a row of the table;
-everything else happens here, between triggers. Phases:
+The ``transitions`` machine only checks that each move is a row of the table. Each phase
+returns an :data:`~.outcome.Outcome` (a :class:`~.outcome.Move` or a :class:`~.outcome.Stop`);
+only :meth:`Driver.run` fires triggers, once per outcome, and does the bookkeeping that goes
+with each (checkpoint, stop record, turn record). Phases:
 
-* **PreTurn** — control events (interrupt, cancel, steer) → budgets (seed 000
-  order: shutdown, iterations, wall clock, tokens, cost) → context built from
-  the transcript → PreTurn middleware → ``call_model``.
-* **Model** — the ``wrap_model_call`` chain around one provider call (streamed:
-  every event passes ``on_model_event`` and then the observers) → usage and
-  cost → route on the response: tool calls → ``tool_use``; end of turn, stop
-  sequence, max tokens, pause → ``model_done``; content filtered or refused →
-  ``fail_terminal``; a provider error → ``fail_retryable`` / ``fail_terminal``;
-  a context-window error → ``retry_context`` once (case B20).
-* **MidTurn** — per call, through the tool-call ledger: a call already
-  completed (a resume) is never run again; a side-effect call found started but
-  unfinished (a crash) is reconciled by its tool or put to a person; the others
-  get policy decisions (``on_tool_call``) or a person's decision (a resume) and
-  run in parallel inside the ``wrap_tool_call`` chain, each ledger state written
-  before the step it names → results in call order → ``tools_done``; or
-  ``wait_human`` when a call needs a decision.
-* **PostTurn** — ``post_turn`` decisions (verifier) → queued followups →
-  ``complete`` or ``next_turn``.
+* **PreTurn** — control events (interrupt, cancel, steer) → budgets (seed 000 order: shutdown,
+  iterations, wall clock, tokens, cost) → context built from the transcript → PreTurn
+  middleware → ``call_model``.
+* **Model** — the composed ``wrap_model_call`` chain around one provider call (streamed: every
+  event passes ``on_model_event`` and then the observers), bounded by the remaining wall clock →
+  usage and cost → route on the response: tool calls → ``tool_use``; end of turn, stop sequence,
+  max tokens, pause → ``model_done``; content filtered or refused → FAILED_TERMINAL; a provider
+  error → FAILED_RETRYABLE / FAILED_TERMINAL; a context-window error → ``retry_context`` once
+  (case B20); the wall clock running out → PAUSED_BUDGET with the streamed part kept.
+* **MidTurn** — :mod:`.midturn` (the tool calls through the ledger).
+* **PostTurn** — the output schema check (one repair turn) → ``post_turn`` decisions
+  (verifier) → queued followups → ``complete`` or ``next_turn``.
 
-Model and MidTurn run as tasks a control watcher can cancel, so an Interrupt or
-Cancel from another process stops a stream or a tool mid-flight. Middleware
-``call_next`` chains stay inside one task (``contextvars`` hold).
+Model and MidTurn run as tasks that a control watcher (or a signal, through
+:meth:`Driver.interrupt`) can cancel, so an Interrupt or Cancel stops a stream or a tool
+mid-flight. Middleware ``call_next`` chains stay inside one task (``contextvars`` hold).
 
-A middleware raising :class:`~fsm_agent.errors.StopRun` ends the run with its
-StopReason; a fail-closed middleware failure ends it FAILED_TERMINAL. The
-result always names a StopReason: the driver never lets an exception out,
-except ``asyncio.CancelledError`` (after recording INTERRUPTED) and
-:class:`~fsm_agent.errors.LeaseLost` (another worker owns the session now).
+**No tool call is left without a result** on any path out of MidTurn (an Interrupt, a Cancel,
+``Task.cancel()``, ``StopRun`` from any hook, an exception): a call that ran keeps its real
+result, a call in flight gets an honest "outcome unknown" (ledger ``interrupted``), a call that
+never started is marked as not run (ledger ``not_run``). Only an Interrupt (or a cancelled task)
+that lands before any call started leaves the calls pending, to run on resume.
+
+The result always names a StopReason. The driver lets out only ``asyncio.CancelledError``
+(after recording INTERRUPTED) and :class:`~fsm_agent.errors.LeaseLost` (another worker owns
+the session now). A store that cannot be written ends the run FAILED_RETRYABLE, unrecorded:
+the last checkpoint stands and a resume continues from it.
 """
 
 from __future__ import annotations
 
 import asyncio
-import inspect
+import hashlib
 import logging
 import time
 import uuid
 from collections.abc import Callable
 from typing import Any
 
+import orjson
 from attrs import evolve
 
 from ..chain import MiddlewareChain
-from ..errors import ContextLengthExceededError, LeaseLost, MiddlewareError, ProviderError, StopRun, ToolArgumentsError
+from ..errors import ContextLengthExceededError, LeaseLost, MiddlewareError, ProviderError, StopRun, StoreError
 from ..hooks import HookBus
-from ..middleware import AskApproval, Complete, Continue, Deny, Edit, Respond
-from ..providers.base import call_deadline
-from ..store.base import ControlKind, LedgerStatus
-from ..tools.execution import execute_tool_call, idempotency_key
-from ..tools.registry import RUN_AGAIN, ToolContext, ToolEffect
-from ..types.codec import structure, unstructure
-from ..types.content import ToolUseBlock
-from ..types.events import ApprovalRequested, ModelStreamEvent, ToolFinished, ToolStarted, TransitionEvent
+from ..middleware import Complete, Continue
+from ..providers.base import Provider, call_deadline
+from ..store.base import ControlKind, ControlRecord, LedgerStatus
+from ..tools.registry import ToolEffect
+from ..types.codec import unstructure
+from ..types.content import TextBlock, ToolUseBlock
+from ..types.events import ModelStreamEvent, TransitionEvent
 from ..types.messages import AssistantMessage, Message, ModelStopReason, ToolResultMessage, Usage, UserMessage
 from ..types.requests import MessageRequest, MessageResponse
-from ..types.run import PendingAction, RunResult, RunStop, StopReason
-from ..types.content import TextBlock
+from ..types.run import ContextRef, PendingAction, RunResult, RunStop, StopReason, TurnRecord
 from ..types.stream import MessageComplete, TextDelta
 from ..types.tokens import count_message_tokens, count_tokens
 from .context import RunContext
+from .journal import Journal
+from .midturn import MidTurn
+from .outcome import Move, Outcome, Stop
 from .phases import Phase, Trigger
 
 __all__ = ["STOP_TRIGGERS", "Driver"]
@@ -80,22 +83,26 @@ STOP_TRIGGERS: dict[StopReason, Trigger] = {
 }
 """The trigger that moves a phase to each terminal state."""
 
+MANY_TOOLS = 25
+"""More tools than this offered on the first call draws a warning (seed 000 §5.2.5)."""
+
 _MIDPHASE_CONTROLS = (ControlKind.INTERRUPT, ControlKind.CANCEL)
 
 
 class _ControlHit(Exception):
-    """Raised inside the driver when the watcher cancelled a phase for a control event."""
+    """Raised inside the driver when the watcher (or a signal) cancelled a phase for a control event."""
 
 
 class Driver:
     """Runs one session from its current state to a terminal state.
 
     Args:
-        ctx: the run context (transcript, budgets, provider, tools).
-        chain: the middleware chain (frozen by the agent before the run).
+        ctx: the plugin's view of the run; the driver owns the :class:`~.state.RunState` behind it.
+        chain: the middleware chain (frozen here if it is not yet).
         bus: the observer bus.
         cost_of: ``(model, usage) -> USD or None`` (the pricing table).
-        journal: writes events, checkpoints and ledger entries to the session's store.
+        journal: writes events, checkpoints and ledger entries to the session's store (``None``:
+            nothing is persisted and control events cannot arrive).
         control_poll: seconds between checks for Interrupt/Cancel while a model call or tools run.
         lease_ttl: seconds a lease lasts; renewed at a third of it while the run goes on.
     """
@@ -107,11 +114,13 @@ class Driver:
         bus: HookBus,
         *,
         cost_of: Callable[[str, Usage], float | None] | None = None,
-        journal: Any = None,
+        journal: Journal | None = None,
         control_poll: float = 0.5,
         lease_ttl: float = 30.0,
     ) -> None:
+        chain.freeze()
         self.ctx = ctx
+        self.run_state = ctx._run
         self.chain = chain
         self.bus = bus
         self.cost_of = cost_of
@@ -119,55 +128,69 @@ class Driver:
         self.control_poll = control_poll
         self.lease_ttl = lease_ttl
         self.stop: RunStop | None = None
+        self.midturn = MidTurn(self)
         self._phase_task: asyncio.Task[Any] | None = None
         self._control_hit = False
+        self._local_interrupt: str | None = None
+        """An interrupt raised in this process (a signal): consumed like a queued Interrupt."""
+        self._lease_failed: str | None = None
         self._request: MessageRequest | None = None
         """The model request in flight (for accounting an interrupted call)."""
         self._streamed: list[str] = []
         """Text deltas of the model call in flight."""
-        self._started_ids: set[str] = set()
-        """Tool calls of the current MidTurn that started executing."""
-        self._done_results: dict[str, ToolResultMessage] = {}
-        """Results of the current MidTurn's executed calls, by call id."""
+        self._last_message_seq: int | None = None
+        self._turn: dict[str, Any] | None = None
+        """The current turn's record, filled as the turn goes (written as a ``turn`` event at its end)."""
+        self._warned_tools = False
+        self._verdict: str | None = None
+        """PostTurn's verdict, for the record of the turn that ends the run."""
         ctx.call_provider = self._provider_call
 
     # -- transitions and persistence ---------------------------------------------------
     async def _flush_outbox(self) -> None:
         """Deliver observer events middleware queued with ``ctx.emit`` (and log them in the session)."""
-        while self.ctx.outbox:
-            event = self.ctx.outbox.pop(0)
+        outbox = self.ctx._outbox
+        while outbox:
+            event = outbox.pop(0)
             if self.journal is not None:
-                self.journal.record(getattr(event, "TAG", type(event).__name__), unstructure(event), self.ctx.turn)
+                self.journal.record(getattr(event, "TAG", type(event).__name__), unstructure(event), self.run_state.turn)
             await self.bus.emit(event)
+
+    def _checkpoint_state(self) -> None:
+        run = self.run_state
+        run.state = self.ctx.machine.state.value
+        run.transcript_len = len(self.ctx.transcript)
 
     async def _fire(self, trigger: Trigger, reason: str) -> None:
         await self._flush_outbox()
-        ctx = self.ctx
+        ctx, run = self.ctx, self.run_state
         before = ctx.machine.state
         after = ctx.machine.fire(trigger)
-        event = TransitionEvent(ctx.session_id, ctx.turn, before.value, trigger.value, after.value, reason, time.time())
         j = self.journal
         if j is not None:
             j.record("transition", {"from": before.value, "trigger": trigger.value, "to": after.value,
-                                    "reason": reason}, ctx.turn)
-            if after is Phase.PRE_TURN or (after is Phase.MID_TURN and not self._all_pure(ctx.pending_calls)):
+                                    "reason": reason}, run.turn)
+            if after is Phase.PRE_TURN or (after is Phase.MID_TURN and not self.midturn.all_pure(run.pending_calls)):
                 # A MidTurn checkpoint pins the model's tool calls before any of them runs; when every
                 # call is pure, a crash can only make the model answer again, so it rides the next commit.
-                await j.flush(checkpoint=j.checkpoint(ctx, after.value), state=after.value)
+                self._checkpoint_state()
+                await j.flush(checkpoint=j.checkpoint(run, after.value), state=after.value)
             elif isinstance(after, StopReason):
                 assert self.stop is not None
-                stop = unstructure(self.stop)
-                j.record("run_stopped", {"stop": stop}, ctx.turn)
+                j.record("run_stopped", {"stop": unstructure(self.stop)}, run.turn)
                 safe = self.stop.last_safe_point or after.value
-                ck = j.checkpoint(ctx, safe)
+                self._checkpoint_state()
+                ck = j.checkpoint(run, safe)
                 self.stop = evolve(self.stop, checkpoint_id=ck.checkpoint_id)
                 await j.flush(checkpoint=ck, state=after.value, stop=unstructure(self.stop))
-        await self.bus.emit(event)
+        if self.bus.wants(TransitionEvent):
+            await self.bus.emit(TransitionEvent(ctx.session_id, run.turn, before.value, trigger.value, after.value,
+                                                reason, time.time()))
 
     def _append(self, message: Message) -> None:
         self.ctx.transcript.append(message)
         if self.journal is not None:
-            self.journal.message(message, self.ctx.turn)
+            self._last_message_seq = self.journal.message(message, self.run_state.turn)
 
     async def _end(self, reason: StopReason, detail: str, **payload: Any) -> None:
         """Move to the terminal state ``reason`` from the current phase and record the stop."""
@@ -186,10 +209,45 @@ class Driver:
             detail=detail,
             resumable=reason.resumable,
             last_safe_point=safe if reason.resumable else None,
-            evidence_refs=tuple(payload.pop("evidence_refs", ())) or tuple(self.ctx.evidence),
+            evidence_refs=tuple(payload.pop("evidence_refs", ())) or tuple(self.run_state.evidence),
             **payload,
         )
+        self._end_turn(stop_reason=reason.value)
         await self._fire(trigger, detail)
+
+    async def _apply(self, outcome: Outcome) -> None:
+        if isinstance(outcome, Move):
+            await self._fire(outcome.trigger, outcome.reason)
+        else:
+            await self._end(outcome.reason, outcome.detail, **outcome.payload)
+
+    # -- turn records ------------------------------------------------------------------------
+    def _start_turn(self, request: MessageRequest) -> None:
+        j = self.journal
+        if j is None:
+            self._turn = None
+            return
+        digest = hashlib.sha256(orjson.dumps(unstructure(request))).hexdigest()
+        self._turn = {"turn": self.run_state.turn, "input_seq": self._last_message_seq,
+                      "context": ContextRef(digest, j.next_seq - 1, len(request.messages))}
+
+    def _end_turn(self, *, stop_reason: str | None = None, verification: str | None = None) -> None:
+        rec, j = self._turn, self.journal
+        if rec is None or j is None:
+            return
+        self._turn = None
+        if verification is None:
+            verification, self._verdict = self._verdict, None
+        turn = TurnRecord(rec["turn"], rec.get("input_seq"), rec.get("context"), rec.get("model_call"),
+                          tuple(rec.get("tool_calls", ())), tuple(rec.get("observations", ())),
+                          verification, stop_reason)
+        j.record("turn", {"turn": unstructure(turn)}, turn.turn)
+
+    def _observe(self, call: ToolUseBlock, status: LedgerStatus, result: ToolResultMessage | None) -> None:
+        if self._turn is not None:
+            self._turn.setdefault("observations", []).append(
+                {"call_id": call.id, "tool": call.name, "status": status.value,
+                 "is_error": bool(result.is_error) if result is not None else None})
 
     # -- the loop ------------------------------------------------------------------------
     async def run(self, first: Trigger | None = Trigger.START, reason: str = "start") -> RunResult:
@@ -199,95 +257,159 @@ class Driver:
         started = time.monotonic()
         watcher = asyncio.ensure_future(self._watch()) if self.journal is not None else None
         try:
-            await self.chain.run_lifecycle("on_run_start", ctx)
-            if first is not None:
-                await self._fire(first, reason)
-            while not ctx.machine.is_terminal:
-                state = ctx.machine.state
-                await self._flush_outbox()
-                try:
-                    if state is Phase.PRE_TURN:
-                        await self._pre_turn()
-                    elif state is Phase.MODEL:
-                        await self._in_task(self._model())
-                    elif state is Phase.MID_TURN:
-                        await self._in_task(self._mid_turn())
-                    elif state is Phase.POST_TURN:
-                        await self._post_turn()
-                    else:  # pragma: no cover - the table has no other non-terminal states
-                        raise RuntimeError(f"driver reached unexpected state {state!r}")
-                except _ControlHit:
-                    await self._mid_phase_control()
-                except StopRun as sig:
-                    await self._end(StopReason(sig.reason), sig.detail or f"stopped by middleware: {sig.reason}",
-                                    **sig.payload)
-                except MiddlewareError as exc:
-                    await self._end(StopReason.FAILED_TERMINAL, str(exc),
-                                    error={"kind": "middleware", "middleware": exc.middleware, "hook": exc.hook,
-                                           "message": str(exc)})
-        except asyncio.CancelledError:
-            if not ctx.machine.is_terminal and ctx.machine.can_fire(Trigger.INTERRUPT):
-                await asyncio.shield(self._end(StopReason.INTERRUPTED, "the run's task was cancelled"))
-            raise
-        except LeaseLost:
-            log.error("session %s: lease lost to another worker; stopping without writing", ctx.session_id)
-            raise
-        except Exception as exc:  # noqa: BLE001 - a run always ends with a StopReason
-            log.exception("internal error in the driver")
-            if not ctx.machine.is_terminal:
-                if ctx.machine.can_fire(Trigger.FAIL_TERMINAL):
-                    await self._end(StopReason.FAILED_TERMINAL, f"internal error: {type(exc).__name__}: {exc}",
-                                    error={"kind": "internal", "message": str(exc)})
-                else:
-                    self.stop = RunStop(StopReason.FAILED_TERMINAL, f"internal error: {type(exc).__name__}: {exc}")
+            try:
+                await self.chain.run_start(ctx)
+                if first is not None:
+                    await self._fire(first, reason)
+                while not ctx.machine.is_terminal:
+                    await self._flush_outbox()
+                    await self._apply(await self._phase(ctx.machine.state))
+            except asyncio.CancelledError:
+                if not ctx.machine.is_terminal and ctx.machine.can_fire(Trigger.INTERRUPT):
+                    await asyncio.shield(self._stopped_from_outside("the run's task was cancelled"))
+                raise
+        except (StoreError, LeaseLost) as exc:
+            if isinstance(exc, LeaseLost) and self._lease_failed is None:
+                log.error("session %s: lease lost to another worker; stopping without writing", ctx.session_id)
+                raise
+            self.stop = self._unrecorded_stop(exc)
         finally:
             if watcher is not None:
                 watcher.cancel()
                 await asyncio.gather(watcher, return_exceptions=True)
         result = self._result(time.monotonic() - started)
         try:
-            await self.chain.run_lifecycle("on_run_end", ctx, result)
+            await self.chain.run_end(ctx, result)
         except (MiddlewareError, StopRun) as exc:
             log.error("on_run_end failed after the run ended: %s", exc)
         await self._flush_outbox()
         return result
 
-    async def _in_task(self, coro: Any) -> None:
+    async def _phase(self, state: Any) -> Outcome:
+        """Run the phase ``state``; every way out of it becomes an outcome."""
+        try:
+            if state is Phase.PRE_TURN:
+                return await self._pre_turn()
+            if state is Phase.MODEL:
+                return await self._in_task(self._model())  # type: ignore[no-any-return]
+            if state is Phase.MID_TURN:
+                return await self._in_task(self.midturn.run())  # type: ignore[no-any-return]
+            if state is Phase.POST_TURN:
+                return await self._post_turn()
+            raise RuntimeError(f"driver reached unexpected state {state!r}")  # pragma: no cover
+        except _ControlHit:
+            return await self._mid_phase_control()
+        except StopRun as sig:
+            await self._close_open_calls(keep_unstarted=False)
+            return Stop(StopReason(sig.reason), sig.detail or f"stopped by middleware: {sig.reason}", dict(sig.payload))
+        except MiddlewareError as exc:
+            await self._close_open_calls(keep_unstarted=False)
+            return Stop(StopReason.FAILED_TERMINAL, str(exc),
+                        {"error": {"kind": "middleware", "middleware": exc.middleware, "hook": exc.hook,
+                                   "message": str(exc)}})
+        except (asyncio.CancelledError, StoreError, LeaseLost):
+            raise
+        except Exception as exc:  # noqa: BLE001 - a run always ends with a StopReason
+            if self._lease_failed is not None:
+                raise LeaseLost(self._lease_failed) from exc
+            log.exception("internal error in the driver")
+            await self._close_open_calls(keep_unstarted=False)
+            return Stop(StopReason.FAILED_TERMINAL, f"internal error: {type(exc).__name__}: {exc}",
+                        {"error": {"kind": "internal", "message": str(exc)}})
+
+    async def _in_task(self, coro: Any) -> Any:
         """Run a phase so that the control watcher can cancel it (Interrupt/Cancel mid-phase)."""
-        if self.journal is None:
-            await coro
-            return
+        if self.journal is None and self._local_interrupt is None:
+            return await coro
         task = asyncio.ensure_future(coro)
         self._phase_task = task
         try:
-            await task
+            return await task
         except asyncio.CancelledError:
-            if self._control_hit:
+            if self._lease_failed is not None and task.cancelled():
+                raise LeaseLost(self._lease_failed) from None
+            if self._control_hit and task.cancelled():
                 self._control_hit = False
                 raise _ControlHit() from None
+            if not task.done():
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
             raise
         finally:
             self._phase_task = None
 
+    def interrupt(self, reason: str = "interrupted") -> None:
+        """Interrupt this run from this process (a signal handler, another task): the model stream or
+        the tools in flight are cut at once, and the run ends INTERRUPTED as an Interrupt control
+        event would end it (streamed text kept, every tool call closed or left pending, checkpoint).
+        Safe to call from the event loop's thread only; a no-op once the run ended."""
+        if self.ctx.machine.is_terminal:
+            return
+        self._local_interrupt = reason
+        task = self._phase_task
+        if task is not None and not task.done():
+            self._control_hit = True
+            task.cancel()
+
     async def _watch(self) -> None:
-        """Renew the lease and look for Interrupt/Cancel while a phase runs."""
+        """Renew the lease and look for Interrupt/Cancel while a phase runs.
+
+        A store error does not end the watcher: it retries with backoff (up to 8 control polls).
+        When the lease cannot be renewed for two thirds of its time-to-live, this worker stops
+        driving (the phase is cancelled and the run ends unrecorded) before another worker may
+        take the session over.
+        """
         j = self.journal
-        store = j.store
-        ctx = self.ctx
-        last_renew = time.monotonic()
+        assert j is not None
+        store, sid = j.store, self.ctx.session_id
+        last_renew = last_ok = time.monotonic()
+        delay = self.control_poll
         while True:
-            await asyncio.sleep(self.control_poll)
-            if j.owner is not None and time.monotonic() - last_renew > self.lease_ttl / 3:
-                if not await store.acquire_lease(ctx.session_id, j.owner, self.lease_ttl):
-                    log.error("session %s: could not renew the lease", ctx.session_id)
-                last_renew = time.monotonic()
-            task = self._phase_task
-            if task is not None and not task.done() and await store.peek_controls(ctx.session_id, _MIDPHASE_CONTROLS):
-                self._control_hit = True
-                task.cancel()
+            await asyncio.sleep(delay)
+            now = time.monotonic()
+            try:
+                if j.owner is not None and now - last_renew > self.lease_ttl / 3:
+                    last_renew = now
+                    if not await store.acquire_lease(sid, j.owner, self.lease_ttl):
+                        self._lease_failed = f"session {sid}: another worker took the lease"
+                        self._stop_phase()
+                        return
+                    last_ok = now
+                task = self._phase_task
+                if task is not None and not task.done() and await store.peek_controls(sid, _MIDPHASE_CONTROLS):
+                    self._control_hit = True
+                    task.cancel()
+                delay = self.control_poll
+            except Exception as exc:  # noqa: BLE001 - transient store trouble must not end the watcher
+                log.warning("session %s: control watcher: %s; retrying", sid, exc)
+                delay = min(delay * 2, self.control_poll * 8)
+                if j.owner is not None and now - last_ok > self.lease_ttl * 2 / 3:
+                    self._lease_failed = (f"session {sid}: could not renew the lease for {now - last_ok:.1f} s "
+                                          f"({exc}); stopped driving before it expires")
+                    log.error("%s", self._lease_failed)
+                    self._stop_phase()
+                    return
+
+    def _stop_phase(self) -> None:
+        task = self._phase_task
+        if task is not None and not task.done():
+            task.cancel()
+
+    def _unrecorded_stop(self, exc: BaseException) -> RunStop:
+        """The stop of a run whose store could not be written (or whose lease ran out): nothing of it
+        is recorded after the last commit, so a resume continues from the last checkpoint."""
+        kind = "lease" if isinstance(exc, LeaseLost) else "store"
+        info: dict[str, Any] = {"kind": kind, "message": str(exc)}
+        if isinstance(exc, StoreError):
+            info.update(location=exc.location, operation=exc.operation, transient=exc.transient)
+        log.error("session %s: %s; the run stops unrecorded at the last checkpoint", self.ctx.session_id, exc)
+        return RunStop(StopReason.FAILED_RETRYABLE,
+                       f"the session store failed, so the run stopped at its last checkpoint: {exc}",
+                       resumable=True, checkpoint_id=self.journal.last_checkpoint if self.journal else None,
+                       error=info)
 
     def _result(self, duration: float) -> RunResult:
-        ctx = self.ctx
+        ctx, run = self.ctx, self.run_state
         stop = self.stop or RunStop(StopReason.FAILED_TERMINAL, "the run ended without a stop reason")
         output = ""
         for m in reversed(ctx.transcript):
@@ -299,171 +421,211 @@ class Driver:
             stop=stop,
             output=output,
             messages=tuple(ctx.transcript),
-            usage=ctx.usage,
-            turns=ctx.turn,
-            tool_calls=ctx.tool_calls_made,
-            model_stop_reason=ctx.last_response.stop_reason if ctx.last_response else None,
-            cost_usd=ctx.cost_usd,
+            usage=run.usage,
+            turns=run.turn,
+            tool_calls=run.tool_calls_made,
+            model_stop_reason=run.last_response.stop_reason if run.last_response else None,
+            cost_usd=run.cost_usd,
             duration_s=duration,
+            output_data=run.metadata.get("output_data"),
         )
 
     # -- control events ----------------------------------------------------------------------
-    async def _take(self, *kinds: ControlKind) -> list[Any]:
+    async def take(self, *kinds: ControlKind) -> list[ControlRecord]:
+        """Take queued control events of ``kinds`` (each once), recording them in the log."""
+        taken: list[ControlRecord] = []
+        if self._local_interrupt is not None and ControlKind.INTERRUPT in kinds:
+            taken.append(ControlRecord(self.ctx.session_id, ControlKind.INTERRUPT, self._local_interrupt))
+            self._local_interrupt = None
         if self.journal is None:
-            return []
-        taken = await self.journal.store.take_controls(self.ctx.session_id, kinds)
+            return taken
+        taken.extend(await self.journal.store.take_controls(self.ctx.session_id, kinds))
         for c in taken:
             self.journal.record("control", {"kind": c.kind.value, "text": c.text, "control_id": c.control_id},
-                                self.ctx.turn)
-        return list(taken)
+                                self.run_state.turn)
+        return taken
 
-    async def _mid_phase_control(self) -> None:
+    async def _mid_phase_control(self) -> Outcome:
         """An Interrupt or Cancel arrived while the model or tools ran (the phase was cancelled)."""
-        ctx = self.ctx
-        controls = await self._take(*_MIDPHASE_CONTROLS)
+        controls = await self.take(*_MIDPHASE_CONTROLS)
         cancel = next((c for c in controls if c.kind is ControlKind.CANCEL), None)
         interrupt = next((c for c in controls if c.kind is ControlKind.INTERRUPT), None)
-        during = ctx.machine.state
-        kept = self._keep_interrupted_answer() if during is Phase.MODEL else ""
-        pending = self._close_open_calls(keep_unstarted=cancel is None)
         if cancel is not None:
-            await self._cancel(cancel.text or "cancelled by the user")
-            return
+            kept = self._keep_interrupted_answer() if self.ctx.machine.state is Phase.MODEL else ""
+            await self._close_open_calls(keep_unstarted=False)
+            return await self._cancel(cancel.text or "cancelled by the user", kept)
         text = (interrupt.text if interrupt is not None else "") or "interrupted by the user"
+        return await self._interrupted(text)
+
+    async def _interrupted(self, text: str) -> Stop:
+        """The INTERRUPTED stop of an interrupted Model or MidTurn phase (streamed text kept; calls
+        closed, or left pending when none had started)."""
+        during = self.ctx.machine.state
         if during is Phase.MODEL:
-            await self._end(StopReason.INTERRUPTED, f"{text} (during Model{kept})")
-            return
+            kept = self._keep_interrupted_answer()
+            return Stop(StopReason.INTERRUPTED, f"{text} (during Model{kept})")
+        pending = await self._close_open_calls(keep_unstarted=True)
         if pending:
-            await self._end(StopReason.INTERRUPTED, f"{text} (before the tool calls started)",
-                            pending_actions=tuple(PendingAction(c, "interrupted") for c in pending),
-                            last_safe_point=Phase.MID_TURN.value)
-        else:
-            await self._end(StopReason.INTERRUPTED, f"{text} (during {ctx.machine.state.value})")
+            return Stop(StopReason.INTERRUPTED, f"{text} (before the tool calls started)",
+                        {"pending_actions": tuple(PendingAction(c, "interrupted") for c in pending),
+                         "last_safe_point": Phase.MID_TURN.value})
+        return Stop(StopReason.INTERRUPTED, f"{text} (during {during.value})")
+
+    async def _stopped_from_outside(self, text: str) -> None:
+        """``Task.cancel()`` on the run: record INTERRUPTED as an Interrupt would."""
+        await self._apply(await self._interrupted(text))
 
     def _keep_interrupted_answer(self) -> str:
-        """A model call was interrupted: keep the text that had streamed (as an assistant message marked
+        """A model call was cut: keep the text that had streamed (as an assistant message marked
         ``interrupted``) and count the call's tokens as an estimate. Returns a note for the stop detail."""
-        ctx = self.ctx
+        run = self.run_state
         partial = "".join(self._streamed)
+        self._streamed = []
         request = self._request
         if request is not None:
-            ctx.usage = ctx.usage + Usage(count_message_tokens(request.messages), count_tokens(partial), estimated=True)
+            run.usage = run.usage + Usage(count_message_tokens(request.messages), count_tokens(partial), estimated=True)
+            self._request = None
         if self.journal is not None:
-            self.journal.record("model_call_interrupted", {"streamed_chars": len(partial)}, ctx.turn)
+            self.journal.record("model_call_interrupted", {"streamed_chars": len(partial)}, run.turn)
         if not partial:
             return ""
         self._append(AssistantMessage((TextBlock(partial),), {"interrupted": True}))
         return f"; the {len(partial)} characters that had streamed are kept in the transcript"
 
-    def _close_open_calls(self, *, keep_unstarted: bool) -> list[ToolUseBlock]:
-        """After an interrupted MidTurn: calls with no result get a synthetic one, except (when
-        ``keep_unstarted`` and nothing started) calls that can simply run on resume."""
-        ctx = self.ctx
-        if ctx.machine.state is not Phase.MID_TURN:
+    async def _close_open_calls(self, *, keep_unstarted: bool) -> list[ToolUseBlock]:
+        """After MidTurn stopped early, give every open tool call its result: what it returned if it
+        ran, "outcome unknown" if it was in flight, "not run" if it never started. With
+        ``keep_unstarted`` and no call started, the calls stay pending (returned) to run on resume."""
+        run = self.run_state
+        if self.ctx.machine.state is not Phase.MID_TURN or not run.pending_calls:
             return []
-        calls = list(ctx.pending_calls)
-        answered = {m.tool_call_id for m in ctx.transcript if isinstance(m, ToolResultMessage)}
-        open_calls = [c for c in calls if c.id not in answered]
-        started = self._started_ids
-        if keep_unstarted and not any(c.id in started for c in open_calls):
+        answered: set[str] = set()
+        for m in reversed(self.ctx.transcript):
+            if isinstance(m, ToolResultMessage):
+                answered.add(m.tool_call_id)
+            elif isinstance(m, AssistantMessage):
+                break
+        open_calls = [c for c in run.pending_calls if c.id not in answered]
+        mt = self.midturn
+        if keep_unstarted and not any(c.id in mt.started_ids or c.id in mt.settled for c in open_calls):
             return open_calls
-        done = self._done_results
-        for c in calls:
-            if c.id in answered:
-                continue
-            res = done.get(c.id) or ToolResultMessage(
-                c.id, "The tool call was interrupted before it finished; its outcome is unknown.",
-                is_error=True, name=c.name, metadata={"synthetic": "interrupted"})
+        for c in open_calls:
+            res = mt.settled.get(c.id)
+            if res is None:
+                if c.id in mt.started_ids:
+                    res = ToolResultMessage(c.id, "The run stopped while this tool call was running; its outcome is "
+                                            "unknown: it may or may not have taken effect.", is_error=True,
+                                            name=c.name, metadata={"synthetic": "interrupted"})
+                    await mt.ledger(c, LedgerStatus.INTERRUPTED, res, durable=True)
+                else:
+                    res = ToolResultMessage(c.id, "The run stopped before this tool call started; it did not run.",
+                                            is_error=True, name=c.name, metadata={"synthetic": "not_run"})
+                    await mt.ledger(c, LedgerStatus.NOT_RUN, res, durable=False)
             self._append(res)
-        ctx.pending_calls = []
+        run.pending_calls = []
+        run.decided_results = {}
         return []
 
-    async def _cancel(self, reason: str) -> None:
-        """Cancel: compensate completed side effects, or ask a person to confirm them first."""
-        ctx = self.ctx
+    async def _cancel(self, reason: str, note: str = "") -> Outcome:
+        """Cancel: compensate side effects that happened (or may have: calls cut in flight), or ask a
+        person to confirm them first."""
+        run = self.run_state
         unconfirmed = []
-        if self.journal is not None:
-            ledger = await self.journal.store.ledger(ctx.session_id)
-            for entry in ledger.values():
-                if entry.effect != ToolEffect.SIDE_EFFECT.value or entry.status is not LedgerStatus.COMPLETED:
-                    continue
-                tool = ctx.tools.get(entry.tool)
-                if tool is not None and tool.compensate is not None:
-                    tctx = ToolContext(entry.call_id, entry.idempotency_key, ctx.session_id, entry.turn, entry.tool)
-                    out = tool.compensate(entry.arguments, entry.result, tctx)
-                    if inspect.isawaitable(out):
-                        await out
-                    self.journal.record("compensated", {"call_id": entry.call_id, "tool": entry.tool}, ctx.turn)
-                    await self.journal.ledger(evolve(entry, status=LedgerStatus.REJECTED, updated_at=time.time()))
-                elif not ctx.cancel_confirmed:
-                    unconfirmed.append(entry)
-        if unconfirmed and ctx.machine.can_fire(Trigger.WAIT_HUMAN):
-            names = ", ".join(f"{e.tool}({e.call_id})" for e in unconfirmed)
-            await self.journal.store.push_control(_control(ctx.session_id, ControlKind.CANCEL, reason))
-            await self._end(StopReason.WAITING_HUMAN,
-                            f"cancel requested, but these side effects already happened and have no compensation: "
-                            f"{names}; confirm to finish cancelling",
-                            required_decision="confirm_cancel")
-            return
-        await self._end(StopReason.CANCELLED, reason)
+        for entry in list(run.ledger.values()):
+            if entry.effect != ToolEffect.SIDE_EFFECT.value or entry.status not in (
+                    LedgerStatus.COMPLETED, LedgerStatus.INTERRUPTED, LedgerStatus.STARTED):
+                continue
+            if await self.midturn.compensate(entry):
+                continue
+            if not run.cancel_confirmed:
+                unconfirmed.append(entry)
+        if unconfirmed and self.ctx.machine.can_fire(Trigger.WAIT_HUMAN) and self.journal is not None:
+            names = ", ".join(f"{e.tool}({e.call_id})" + ("" if e.status is LedgerStatus.COMPLETED else
+                                                          ", outcome unknown: it was cut while running")
+                              for e in unconfirmed)
+            await self.journal.store.push_control(ControlRecord(self.ctx.session_id, ControlKind.CANCEL, reason))
+            return Stop(StopReason.WAITING_HUMAN,
+                        f"cancel requested, but these side effects happened (or may have) and have no "
+                        f"compensation: {names}; confirm to finish cancelling", {"required_decision": "confirm_cancel"})
+        return Stop(StopReason.CANCELLED, reason + note)
 
     # -- PreTurn -------------------------------------------------------------------------
     def budget_exceeded(self) -> tuple[str, str] | None:
         """(budget, detail) of the first exhausted budget in seed 000's order, or ``None``."""
-        ctx, cfg = self.ctx, self.ctx.config
-        if ctx.turn >= cfg.max_iterations:
-            return "iterations", f"iterations budget exhausted: {ctx.turn} of {cfg.max_iterations} model calls used"
+        ctx, run, cfg = self.ctx, self.run_state, self.run_state.config
+        if run.turn >= cfg.max_iterations:
+            return "iterations", f"iterations budget exhausted: {run.turn} of {cfg.max_iterations} model calls used"
         if cfg.max_wall_clock is not None and ctx.elapsed > cfg.max_wall_clock:
             return "wall_clock", (f"wall-clock budget exhausted: {ctx.elapsed:.1f} s of "
                                   f"{cfg.max_wall_clock:g} s used")
-        if cfg.max_tokens is not None and ctx.usage.total_tokens >= cfg.max_tokens:
-            est = " (partly estimated)" if ctx.usage.estimated else ""
-            return "tokens", f"token budget exhausted: {ctx.usage.total_tokens} of {cfg.max_tokens} tokens used{est}"
-        if cfg.max_cost_usd is not None and ctx.cost_usd is not None and ctx.cost_usd >= cfg.max_cost_usd:
-            return "cost", f"cost budget exhausted: ${ctx.cost_usd:.4f} of ${cfg.max_cost_usd:.4f} used"
+        if cfg.max_tokens is not None and run.usage.total_tokens >= cfg.max_tokens:
+            est = " (partly estimated)" if run.usage.estimated else ""
+            return "tokens", f"token budget exhausted: {run.usage.total_tokens} of {cfg.max_tokens} tokens used{est}"
+        if cfg.max_cost_usd is not None and run.cost_usd is not None and run.cost_usd >= cfg.max_cost_usd:
+            return "cost", f"cost budget exhausted: ${run.cost_usd:.4f} of ${cfg.max_cost_usd:.4f} used"
         return None
 
-    async def _pre_turn(self) -> None:
-        ctx = self.ctx
-        controls = await self._take(ControlKind.CANCEL, ControlKind.INTERRUPT, ControlKind.STEER)
+    async def _pre_turn(self) -> Outcome:
+        ctx, run = self.ctx, self.run_state
+        controls = await self.take(ControlKind.CANCEL, ControlKind.INTERRUPT, ControlKind.STEER)
         for c in controls:
             if c.kind is ControlKind.CANCEL:
-                await self._cancel(c.text or "cancelled by the user")
-                return
+                return await self._cancel(c.text or "cancelled by the user")
         for c in controls:
             if c.kind is ControlKind.INTERRUPT:
-                await self._end(StopReason.INTERRUPTED, c.text or "interrupted by the user")
-                return
-        for c in controls:  # steer: new direction, verified facts kept, re-plan
+                return Stop(StopReason.INTERRUPTED, c.text or "interrupted by the user")
+        steers = [c for c in controls if c.kind is ControlKind.STEER]
+        for c in steers:  # steer: new direction, verified facts kept, re-plan
             self._append(UserMessage(
                 f"New direction from the user: {c.text}\nKeep what has already been verified, "
                 "drop what no longer applies, and re-plan the remaining steps."))
-            ctx.goal_version += 1
+            run.goal_version += 1
+        if steers and self.journal is not None:
+            self.journal.record("goal_changed", {"goal_version": run.goal_version}, run.turn)
+            self._checkpoint_state()
+            await self.journal.flush(checkpoint=self.journal.checkpoint(run, Phase.PRE_TURN.value))
+            await self.journal.store.update_metadata(ctx.session_id, {}, run.goal_version)
         hit = self.budget_exceeded()
         if hit is not None:
-            await self._end(StopReason.PAUSED_BUDGET, hit[1], budget=hit[0])
-            return
+            return Stop(StopReason.PAUSED_BUDGET, hit[1], {"budget": hit[0]})
         ctx.messages = list(ctx.transcript)
-        await self.chain.run_pre_turn(ctx)
-        await self._fire(Trigger.CALL_MODEL, f"turn {ctx.turn + 1}: context of {len(ctx.messages)} messages built")
+        ctx.settings.active_tools = None
+        ctx.settings.tools_enabled = True
+        ctx.settings.max_output_tokens = run.max_output_override
+        await self.chain.pre_turn(ctx)
+        return Move(Trigger.CALL_MODEL, f"turn {run.turn + 1}: context of {len(ctx.messages)} messages built")
 
     # -- Model ---------------------------------------------------------------------------
     def build_request(self) -> MessageRequest:
-        ctx, cfg = self.ctx, self.ctx.config
+        """The next model request from the context and the turn settings."""
+        ctx, run, cfg = self.ctx, self.run_state, self.run_state.config
+        s = ctx.settings
         tools: tuple[Any, ...] = ()
-        if ctx.tools_enabled and len(ctx.tools):
-            tools = ctx.tools.definitions(ctx.active_tools)
+        if s.tools_enabled and len(ctx.tools):
+            tools = ctx.tools.definitions(s.active_tools)
+            if len(tools) > MANY_TOOLS and not self._warned_tools:
+                self._warned_tools = True
+                note = (f"{len(tools)} tools are offered to the model (more than {MANY_TOOLS}); most models "
+                        "choose worse from long tool lists: offer fewer (tool_activation, a deny policy)")
+                log.warning("session %s: %s", ctx.session_id, note)
+                if self.journal is not None:
+                    self.journal.record("warning", {"kind": "many_tools", "tools": len(tools), "message": note},
+                                        run.turn)
+        kw: dict[str, Any] = {}
+        if cfg.output_schema is not None:
+            kw["output_schema"] = cfg.output_schema
         return MessageRequest(
             model=ctx.provider.model or "",
             messages=tuple(ctx.messages),
             tools=tools,
             tool_choice=cfg.tool_choice if tools else None,
-            max_tokens=ctx.max_output_override or cfg.max_output_tokens,
+            max_tokens=s.max_output_tokens or cfg.max_output_tokens,
             temperature=cfg.temperature,
             thinking=cfg.thinking,
+            **kw,
         )
 
-    async def _provider_call(self, request: MessageRequest, provider: Any = None, *,
+    async def _provider_call(self, request: MessageRequest, provider: Provider | None = None, *,
                              account: bool = False) -> MessageResponse:
         """One call to ``provider`` (default: the run's), streamed when configured; deltas go to observers.
 
@@ -474,15 +636,15 @@ class Driver:
             self._account(request, response)
         return response
 
-    async def _call(self, request: MessageRequest, provider: Any) -> MessageResponse:
+    async def _call(self, request: MessageRequest, provider: Provider) -> MessageResponse:
         ctx = self.ctx
-        if not (ctx.config.stream and provider.capabilities.streaming):
-            response: MessageResponse = await provider.chat(request)
-            return response
+        if not (self.run_state.config.stream and provider.capabilities.streaming):
+            return await provider.chat(request)
         final: MessageResponse | None = None
         streamed = self._streamed = []
         wants = self.bus.wants(ModelStreamEvent)
-        has_filters = bool(self.chain.hooks("on_model_event"))
+        chain = self.chain
+        has_filters = chain.filters_model_events
         stream = provider.chat_stream(request)
         try:
             async for event in stream:
@@ -491,331 +653,175 @@ class Driver:
                 elif isinstance(event, MessageComplete):
                     final = event.full_response
                 if has_filters:
-                    event = self.chain.model_event(event, ctx)
-                    if event is None:
+                    out = chain.model_event(event, ctx)
+                    if out is None:
                         continue
+                    event = out
                 if wants:
-                    await self.bus.emit(ModelStreamEvent(ctx.session_id, ctx.turn, event))
+                    await self.bus.emit(ModelStreamEvent(ctx.session_id, self.run_state.turn, event))
         finally:
             await stream.aclose()
         if final is None:  # pragma: no cover - providers always end with MessageComplete or raise
             raise ProviderError("the stream ended without a complete message", provider=getattr(provider, "name", None))
         return final
 
-    async def _model(self) -> None:
-        ctx = self.ctx
-        ctx.turn += 1
+    def _inner_call(self, request: MessageRequest) -> Any:
+        return self._call(request, self.ctx.provider)
+
+    async def _model(self) -> Outcome:
+        ctx, run = self.ctx, self.run_state
+        run.turn += 1
         request = self._request = self.build_request()
+        self._start_turn(request)
         self._streamed = []
-        ctx.max_output_override = None
-        call = self.chain.wrap("wrap_model_call", lambda req: self._provider_call(req), ctx)
-        token = None
-        if ctx.config.max_wall_clock is not None:
-            token = call_deadline.set(time.monotonic() + max(0.0, ctx.config.max_wall_clock - ctx.elapsed))
+        run.max_output_override = None
+        remaining = ctx.remaining_wall_clock
+        token = call_deadline.set(time.monotonic() + remaining) if remaining is not None else None
+        clock: asyncio.Timeout | None = None
         try:
-            response: MessageResponse = await call(request)
+            if remaining is None:
+                response = await self.chain.model_call(request, ctx, self._inner_call)
+            else:
+                async with asyncio.timeout(remaining) as clock:
+                    response = await self.chain.model_call(request, ctx, self._inner_call)
+        except TimeoutError as exc:
+            if clock is None or not clock.expired():
+                if isinstance(exc, ProviderError):
+                    return self._provider_failed(exc)
+                raise
+            kept = self._keep_interrupted_answer()
+            cfg = run.config
+            return Stop(StopReason.PAUSED_BUDGET, f"wall-clock budget exhausted during the model call: "
+                        f"{ctx.elapsed:.1f} s of {cfg.max_wall_clock:g} s used{kept}", {"budget": "wall_clock"})
         except ContextLengthExceededError as exc:
-            if not ctx.context_retry:
-                ctx.context_retry = True
+            if not run.context_retry:
+                run.context_retry = True
                 if exc.max_tokens_requested is not None and exc.limit and exc.input_tokens:
-                    ctx.max_output_override = max(1, exc.limit - exc.input_tokens)
-                await self._fire(Trigger.RETRY_CONTEXT, f"context length exceeded; re-trimming and retrying once ({exc})")
-                return
-            await self._end(StopReason.FAILED_TERMINAL, f"context length exceeded even after re-trimming: {exc}",
-                            error=exc.to_info())
-            return
+                    run.max_output_override = max(1, exc.limit - exc.input_tokens)
+                self._end_turn()
+                return Move(Trigger.RETRY_CONTEXT, f"context length exceeded; re-trimming and retrying once ({exc})")
+            return Stop(StopReason.FAILED_TERMINAL, f"context length exceeded even after re-trimming: {exc}",
+                        {"error": exc.to_info()})
         except ProviderError as exc:
-            reason = StopReason.FAILED_RETRYABLE if exc.retryable else StopReason.FAILED_TERMINAL
-            if exc.partial is not None and exc.partial.message.content:
-                ctx.extra_stop["partial_response"] = exc.partial
-            await self._end(reason, f"model call failed: {exc}", error=exc.to_info())
-            return
+            return self._provider_failed(exc)
         finally:
             if token is not None:
                 call_deadline.reset(token)
-        ctx.context_retry = False
+        self._request = None
+        run.context_retry = False
         response = _unique_call_ids(response, ctx.transcript)
-        self._account(request, response)
-        ctx.last_response = response
+        cost = self._account(request, response)
+        run.last_response = response
         self._append(response.message)
-        if self.journal is not None:
-            self.journal.record("model_call", {
-                "model": response.model, "provider": response.provider, "stop_reason": response.stop_reason.value,
+        info = {"model": response.model, "provider": response.provider, "stop_reason": response.stop_reason.value,
                 "raw_stop_reason": response.raw_stop_reason,
-                "usage": unstructure(response.usage) if response.usage else None}, ctx.turn)
+                "usage": unstructure(response.usage) if response.usage else None, "cost_usd": cost}
+        if self.journal is not None:
+            ref = self._turn.get("context") if self._turn else None
+            self.journal.record("model_call", {**info, "context": unstructure(ref) if ref else None}, run.turn)
+        if self._turn is not None:
+            self._turn["model_call"] = info
+            self._turn["tool_calls"] = [c.id for c in response.tool_calls]
         stop = response.stop_reason
         if response.tool_calls:
-            ctx.pending_calls = list(response.tool_calls)
-            await self._fire(Trigger.TOOL_USE, f"model stop reason {stop.value}: {len(response.tool_calls)} tool call(s)")
-        elif stop is ModelStopReason.CONTENT_FILTERED:
-            await self._end(StopReason.FAILED_TERMINAL, "the provider's content filter blocked the answer",
-                            error={"kind": "content_filtered", "message": response.refusal or ""})
-        elif stop is ModelStopReason.REFUSAL or (response.refusal and not response.text.strip()):
-            await self._end(StopReason.FAILED_TERMINAL, f"the model refused: {response.refusal or 'no reason given'}",
-                            error={"kind": "refusal", "message": response.refusal or ""})
-        else:
-            await self._fire(Trigger.MODEL_DONE, f"model stop reason {stop.value}")
+            run.pending_calls = list(response.tool_calls)
+            return Move(Trigger.TOOL_USE, f"model stop reason {stop.value}: {len(response.tool_calls)} tool call(s)")
+        if stop is ModelStopReason.CONTENT_FILTERED:
+            return Stop(StopReason.FAILED_TERMINAL, "the provider's content filter blocked the answer",
+                        {"error": {"kind": "content_filtered", "message": response.refusal or ""}})
+        if stop is ModelStopReason.REFUSAL or (response.refusal and not response.text.strip()):
+            return Stop(StopReason.FAILED_TERMINAL, f"the model refused: {response.refusal or 'no reason given'}",
+                        {"error": {"kind": "refusal", "message": response.refusal or ""}})
+        return Move(Trigger.MODEL_DONE, f"model stop reason {stop.value}")
 
-    def _account(self, request: MessageRequest, response: MessageResponse) -> None:
-        ctx = self.ctx
+    def _provider_failed(self, exc: ProviderError) -> Stop:
+        reason = StopReason.FAILED_RETRYABLE if exc.retryable else StopReason.FAILED_TERMINAL
+        return Stop(reason, f"model call failed: {exc}", {"error": exc.to_info()})
+
+    def _account(self, request: MessageRequest, response: MessageResponse) -> float | None:
+        """Add the call's usage and cost to the run; returns the call's cost (USD, ``None`` if unknown)."""
+        run = self.run_state
         usage = response.usage
         if usage is None:  # case B12: unknown usage is estimated and flagged, never zero
             out_text = response.text + response.thinking + "".join(
                 c.name + str(c.input) for c in response.tool_calls)
             usage = Usage(count_message_tokens(request.messages), count_tokens(out_text), estimated=True)
-        ctx.usage = ctx.usage + usage
-        if self.cost_of is not None and ctx.cost_usd is not None:
-            cost = self.cost_of(response.model or request.model, usage)
-            ctx.cost_usd = None if cost is None else ctx.cost_usd + cost
-
-    # -- MidTurn -------------------------------------------------------------------------
-    def _all_pure(self, calls: list[ToolUseBlock]) -> bool:
-        return all(self._effect(c) is ToolEffect.PURE for c in calls)
-
-    def _effect(self, call: ToolUseBlock) -> ToolEffect:
-        tool = self.ctx.tools.get(call.name)
-        return tool.effect if tool is not None else ToolEffect.PURE
-
-    async def _ledger(self, call: ToolUseBlock, status: LedgerStatus, result: ToolResultMessage | None = None,
-                      *, durable: bool | None = None) -> None:
-        """Record a ledger state. By default it is written at once for calls with effects (``idempotent``,
-        ``side_effect``) and with the next commit for ``pure`` ones, which a crash can only make run again."""
-        j = self.journal
-        if j is None:
-            return
-        from ..session import ledger_entry
-
-        effect = self._effect(call)
-        entry = ledger_entry(self.ctx, call, status, effect=effect.value, result=result)
-        self.ctx.ledger[call.id] = entry
-        j.record("tool_call", {"call_id": call.id, "tool": call.name, "status": status.value}, self.ctx.turn)
-        await j.ledger(entry, durable=effect is not ToolEffect.PURE if durable is None else durable)
-
-    async def _reconcile(self, call: ToolUseBlock) -> Any:
-        """A side-effect call found started but unfinished after a crash: ask its tool what happened."""
-        tool = self.ctx.tools.get(call.name)
-        if tool is None or tool.reconcile is None:
-            return None
-        tctx = ToolContext(call.id, idempotency_key(self.ctx.session_id, call.id), self.ctx.session_id,
-                           self.ctx.turn, call.name)
-        outcome = tool.reconcile(dict(call.input), tctx)
-        if inspect.isawaitable(outcome):
-            outcome = await outcome
-        if outcome is None or outcome is RUN_AGAIN:
-            return outcome
-        from ..tools.execution import result_blocks
-
-        return ToolResultMessage(call.id, result_blocks(outcome), name=call.name, metadata={"reconciled": True})
-
-    def _decided(self, call: ToolUseBlock, decision: Any) -> tuple[ToolUseBlock | None, ToolResultMessage | None]:
-        """Apply a person's decision: (call to run, or None) and (result, or None)."""
-        kind = decision.kind
-        if kind == "approve":
-            return call, None
-        if kind == "edit":
-            edited = evolve(call, input=dict(decision.arguments or {}), raw_input=None)
-            tool = self.ctx.tools.get(call.name)
-            if tool is not None:
-                try:
-                    tool.validate(edited.input)
-                except ToolArgumentsError as exc:
-                    return None, ToolResultMessage(call.id, f"The edited arguments were invalid: {exc}", is_error=True,
-                                                   name=call.name, metadata={"decision": "edit"})
-            return edited, None
-        if kind == "reject":
-            return None, ToolResultMessage(call.id, f"A person rejected this tool call: {decision.message}",
-                                           is_error=True, name=call.name, metadata={"decision": "reject"})
-        return None, ToolResultMessage(call.id, decision.message, is_error=decision.is_error, name=call.name,
-                                       metadata={"decision": "respond"})
-
-    async def _mid_turn(self) -> None:
-        ctx = self.ctx
-        calls = list(ctx.pending_calls)
-        if not calls and ctx.last_response is not None:
-            calls = list(ctx.last_response.tool_calls)
-            ctx.pending_calls = list(calls)
-        results: dict[str, ToolResultMessage] = dict(ctx.extra_stop.pop("decided_results", {}))
-        self._started_ids = set()
-        self._done_results = {}
-        to_run: list[ToolUseBlock] = []
-        pending: list[PendingAction] = []
-        approved: dict[str, Any] = {}  # a person's decisions whose calls have not run yet
-        ledger = ctx.ledger
-        for call in calls:
-            if call.id in results:
-                continue
-            entry = ledger.get(call.id)
-            if entry is not None and (entry.status.final or entry.status is LedgerStatus.INTERRUPTED) and entry.result:
-                results[call.id] = structure(entry.result, ToolResultMessage)  # never run twice
-                continue
-            decision = ctx.decisions.pop(call.id, None)
-            if entry is not None and entry.status is LedgerStatus.STARTED and decision is None:
-                tool = ctx.tools.get(call.name)
-                if tool is not None and tool.effect is ToolEffect.SIDE_EFFECT:
-                    outcome = await self._reconcile(call)
-                    if outcome is RUN_AGAIN:
-                        to_run.append(call)
-                        continue
-                    if outcome is None:
-                        pending.append(PendingAction(
-                            call, "unknown_outcome", ("approve", "reject", "respond")))
-                        continue
-                    await self._ledger(call, LedgerStatus.COMPLETED, outcome)
-                    results[call.id] = outcome
-                    continue
-                to_run.append(call)  # pure / idempotent: running again is safe (same idempotency key)
-                continue
-            if decision is not None:  # a person's decision is written at once, whatever the tool
-                run_call, res = self._decided(call, decision)
-                if res is not None:
-                    await self._ledger(call, LedgerStatus.REJECTED, res, durable=True)
-                    results[call.id] = res
-                elif run_call is not None:
-                    await self._ledger(run_call, LedgerStatus.APPROVED, durable=True)
-                    to_run.append(run_call)
-                    approved[call.id] = decision
-                continue
-            decided: ToolUseBlock = call
-            final: ToolResultMessage | None = None
-            ask: AskApproval | None = None
-            for name, d in await self.chain.tool_decisions(call, ctx):
-                if isinstance(d, Edit):
-                    decided = evolve(decided, input=dict(d.arguments), raw_input=None)
-                elif isinstance(d, Deny):
-                    final = ToolResultMessage(call.id, f"Tool call denied by policy ({name}): {d.reason}",
-                                              is_error=True, name=call.name, metadata={"denied_by": name})
-                elif isinstance(d, Respond):
-                    final = ToolResultMessage(call.id, d.result, is_error=d.is_error, name=call.name,
-                                              metadata={"responded_by": name})
-                elif isinstance(d, AskApproval):
-                    ask = d
-            if ask is not None:
-                pending.append(PendingAction(decided, ask.reason, ask.allowed_decisions))
-            elif final is not None:
-                await self._ledger(call, LedgerStatus.REJECTED, final, durable=False)
-                results[call.id] = final
-            else:
-                await self._ledger(decided, LedgerStatus.APPROVED, durable=False)
-                to_run.append(decided)
-        if pending and self.bus.wants(ApprovalRequested):
-            await self.bus.emit(ApprovalRequested(ctx.session_id, ctx.turn, tuple(pending)))
-        if pending and ctx.config.approval_timeout and self.journal is not None:
-            pending, more = await self._hang_wait(pending)
-            for call, run_call, res in more:
-                if res is not None:
-                    await self._ledger(call, LedgerStatus.REJECTED, res)
-                    results[call.id] = res
-                elif run_call is not None:
-                    await self._ledger(run_call, LedgerStatus.APPROVED)
-                    to_run.append(run_call)
-        if pending:
-            ctx.extra_stop["decided_results"] = results
-            ctx.decisions.update(approved)  # nothing of this turn runs now: keep them for the next resume
-            unknown = [p for p in pending if p.reason == "unknown_outcome"]
-            what = ("the outcome of side-effect call(s) is unknown after a crash: "
-                    + ", ".join(f"{p.call.name}({p.call.id})" for p in unknown) + "; "
-                    "respond with its result, approve to run it again, or reject") if unknown else (
-                f"{len(pending)} tool call(s) need approval: " + ", ".join(p.call.name for p in pending))
-            await self._end(StopReason.WAITING_HUMAN, what, pending_actions=tuple(pending),
-                            required_decision="approve, edit, reject or respond to each pending tool call",
-                            last_safe_point=Phase.MID_TURN.value)
-            return
-        if to_run:
-            # STARTED for every call with effects, in one transaction, before any of them starts
-            for c in to_run:
-                await self._ledger(c, LedgerStatus.STARTED, durable=False)
-                self._started_ids.add(c.id)
-            if self.journal is not None and any(self._effect(c) is not ToolEffect.PURE for c in to_run):
-                await self.journal.flush()
-            for r in await asyncio.gather(*(self._run_tool(c) for c in to_run)):
-                results[r.tool_call_id] = r
-        announce = self.bus.wants(ToolFinished)
-        for call in calls:
-            res = results.get(call.id)
-            if res is None:  # pragma: no cover - every call got a result above
-                res = ToolResultMessage(call.id, "no result", is_error=True, name=call.name)
-            if announce and call.id not in self._done_results:  # denied, answered by policy or a person
-                await self.bus.emit(ToolFinished(ctx.session_id, ctx.turn, call, res, 0.0))
-            self._append(res)
-        ctx.pending_calls = []
-        await self._fire(Trigger.TOOLS_DONE, f"{len(calls)} tool result(s) recorded")
-
-    async def _hang_wait(self, pending: list[PendingAction]) -> tuple[list[PendingAction], list[Any]]:
-        """Hang-Wait: wait in process (up to ``approval_timeout`` seconds) for decisions on the pending calls."""
-        ctx = self.ctx
-        deadline = time.monotonic() + (ctx.config.approval_timeout or 0)
-        waiting = {p.call.id: p for p in pending}
-        decided: list[Any] = []
-        while waiting and time.monotonic() < deadline:
-            for c in await self._take(ControlKind.DECISION):
-                data = _decision_of(c.text)
-                if data is None or data[0] not in waiting:
-                    continue
-                p = waiting.pop(data[0])
-                run_call, res = self._decided(p.call, data[1])
-                decided.append((p.call, run_call, res))
-            if waiting:
-                await asyncio.sleep(min(self.control_poll, max(0.0, deadline - time.monotonic())))
-        return list(waiting.values()), decided
-
-    async def _run_tool(self, call: ToolUseBlock) -> ToolResultMessage:
-        ctx = self.ctx
-        ctx.tool_calls_made += 1
-        ctx.tool_call_counts[call.name] = ctx.tool_call_counts.get(call.name, 0) + 1
-        if self.bus.wants(ToolStarted):
-            await self.bus.emit(ToolStarted(ctx.session_id, ctx.turn, call))
-        started = time.monotonic()
-
-        async def inner(c: ToolUseBlock) -> ToolResultMessage:
-            return await execute_tool_call(c, ctx.tools, session_id=ctx.session_id, turn=ctx.turn,
-                                           timeout=ctx.config.tool_timeout)
-
-        result = await self.chain.wrap("wrap_tool_call", inner, ctx)(call)
-        await self._ledger(call, LedgerStatus.FAILED if result.is_error else LedgerStatus.COMPLETED, result)
-        self._done_results[call.id] = result
-        if self.bus.wants(ToolFinished):
-            await self.bus.emit(ToolFinished(ctx.session_id, ctx.turn, call, result, time.monotonic() - started))
-        return result  # type: ignore[no-any-return]
+        run.usage = run.usage + usage
+        cost = self.cost_of(response.model or request.model, usage) if self.cost_of is not None else None
+        if self.cost_of is not None and run.cost_usd is not None:
+            run.cost_usd = None if cost is None else run.cost_usd + cost
+        return cost
 
     # -- PostTurn ------------------------------------------------------------------------
-    async def _post_turn(self) -> None:
-        ctx = self.ctx
+    async def _post_turn(self) -> Outcome:
+        ctx, run = self.ctx, self.run_state
+        resp = run.last_response
+        schema = run.config.output_schema
+        if schema is not None and resp is not None and not resp.tool_calls \
+                and resp.stop_reason is not ModelStopReason.PAUSE_TURN:
+            checked = self._check_output(resp, schema)
+            if checked is not None:
+                return checked
         decision = await self.chain.turn_decision(ctx)
         if decision is not None:
             name, d = decision
             if isinstance(d, Complete):
-                if await self._followup():
-                    return
-                ctx.evidence.extend(d.evidence)
-                await self._end(StopReason.COMPLETED, f"{d.detail} (decided by {name})", evidence_refs=d.evidence)
-                return
+                followed = await self._followup()
+                if followed is not None:
+                    return followed
+                run.evidence.extend(d.evidence)
+                verdict = f"{d.detail} (decided by {name})"
+                self._verdict = verdict
+                return Stop(StopReason.COMPLETED, verdict, {"evidence_refs": d.evidence})
             if isinstance(d, Continue):
                 if d.message is not None:
                     self._append(d.message)
-                await self._fire(Trigger.NEXT_TURN, f"{d.reason} (decided by {name})")
-                return
-        resp = ctx.last_response
+                self._end_turn(verification=f"continue: {d.reason} (decided by {name})")
+                return Move(Trigger.NEXT_TURN, f"{d.reason} (decided by {name})")
         if resp is None or resp.tool_calls or resp.stop_reason is ModelStopReason.PAUSE_TURN:
-            await self._fire(Trigger.NEXT_TURN, "tool results are in; continue" if resp and resp.tool_calls
-                             else "model paused its turn; continue")
-            return
-        if await self._followup():
-            return
+            self._end_turn()
+            return Move(Trigger.NEXT_TURN, "tool results are in; continue" if resp and resp.tool_calls
+                        else "model paused its turn; continue")
+        followed = await self._followup()
+        if followed is not None:
+            return followed
         if resp.stop_reason is ModelStopReason.MAX_TOKENS:
-            await self._end(StopReason.COMPLETED, "the answer was cut at the output token limit (max_tokens); "
-                            "it is partial — raise max_output_tokens for a full answer")
-            return
-        await self._end(StopReason.COMPLETED, f"the model ended its turn ({resp.stop_reason.value}) with no tool calls")
+            return Stop(StopReason.COMPLETED, "the answer was cut at the output token limit (max_tokens); "
+                        "it is partial — raise max_output_tokens for a full answer")
+        return Stop(StopReason.COMPLETED, f"the model ended its turn ({resp.stop_reason.value}) with no tool calls")
 
-    async def _followup(self) -> bool:
+    def _check_output(self, resp: MessageResponse, schema: Any) -> Outcome | None:
+        """Check the answer against the output schema: ``None`` when it holds (the value is kept for
+        the result); one repair turn on the first mismatch; a typed stop on the second."""
+        from ..structured import parse_output, repair_message
+
+        run = self.run_state
+        parsed = parse_output(resp, schema)
+        if parsed.error is None:
+            run.metadata["output_data"] = parsed.value
+            run.structured_repair = False
+            return None
+        if self.journal is not None:
+            self.journal.record("output_invalid", {"error": parsed.error, "repair": not run.structured_repair},
+                                run.turn)
+        if not run.structured_repair:
+            run.structured_repair = True
+            self._append(UserMessage(repair_message(parsed)))
+            self._end_turn(verification=f"output schema {schema.name!r} not met: {parsed.error}; one repair turn")
+            return Move(Trigger.NEXT_TURN, "the answer does not match the output schema; asking once for a repair")
+        return Stop(StopReason.FAILED_TERMINAL, f"the answer does not match the output schema {schema.name!r} "
+                    f"after one repair turn: {parsed.error}",
+                    {"error": {"kind": "structured_output_invalid", "message": parsed.error}})
+
+    async def _followup(self) -> Outcome | None:
         """Queued followups run after the current task would complete: append and continue."""
-        followups = await self._take(ControlKind.FOLLOWUP)
+        followups = await self.take(ControlKind.FOLLOWUP)
         if not followups:
-            return False
+            return None
         for f in followups:
             self._append(UserMessage(f.text))
-        await self._fire(Trigger.NEXT_TURN, f"{len(followups)} followup request(s) queued by the user")
-        return True
+        self._end_turn(verification="followup queued by the user")
+        return Move(Trigger.NEXT_TURN, f"{len(followups)} followup request(s) queued by the user")
 
 
 def _unique_call_ids(response: MessageResponse, transcript: list[Message]) -> MessageResponse:
@@ -843,20 +849,3 @@ def _unique_call_ids(response: MessageResponse, transcript: list[Message]) -> Me
         return response
     return evolve(response, message=evolve(response.message, content=tuple(blocks)))
 
-
-def _control(session_id: str, kind: ControlKind, text: str) -> Any:
-    from ..store.base import ControlRecord
-
-    return ControlRecord(session_id, kind, text)
-
-
-def _decision_of(text: str) -> tuple[str, Any] | None:
-    import orjson
-
-    from ..control import Decision
-
-    try:
-        data = orjson.loads(text)
-        return data["call_id"], structure(data["decision"], Decision)
-    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
-        return None

@@ -77,6 +77,7 @@ TRANSITIONS: tuple[Transition, ...] = (
     Transition(_T.TOOL_USE, _P.MODEL, _P.MID_TURN, "model stop reason tool_use"),
     Transition(_T.MODEL_DONE, _P.MODEL, _P.POST_TURN, "end_turn, stop_sequence, max_tokens, pause_turn"),
     Transition(_T.RETRY_CONTEXT, _P.MODEL, _P.PRE_TURN, "context length exceeded: re-trim and retry once"),
+    Transition(_T.PAUSE_BUDGET, _P.MODEL, _S.PAUSED_BUDGET, "the wall clock ran out during the call"),
     Transition(_T.FAIL_TERMINAL, _P.MODEL, _S.FAILED_TERMINAL, "content_filtered, refusal, non-retryable error"),
     Transition(_T.FAIL_RETRYABLE, _P.MODEL, _S.FAILED_RETRYABLE, "retryable error after retries are spent"),
     Transition(_T.WAIT_HUMAN, _P.MID_TURN, _S.WAITING_HUMAN, "a tool call needs approval"),

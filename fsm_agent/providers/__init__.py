@@ -1,6 +1,7 @@
 """Providers: one module per wire protocol, vendors as profiles, one SSE decoder, one error boundary."""
 
 from .base import (
+    NEVER_RETRIED_STATUSES,
     HttpProvider,
     Profile,
     Provider,
@@ -10,16 +11,19 @@ from .base import (
     ToolMode,
     call_deadline,
     first_token_timeout_for,
+    may_retry,
 )
 from .errors import classify_error, parse_retry_after
-from .fallback import FallbackProvider
+from .fallback import FallbackProvider, FallbackRule
 from .profiles import PROFILES, ProviderType, create_provider, get_profile
 from .scripted import ScriptedProvider, text_response, tool_call_response
 from .sse import SSEDecoder, ServerSentEvent
 
 __all__ = [
     "FallbackProvider",
+    "FallbackRule",
     "HttpProvider",
+    "NEVER_RETRIED_STATUSES",
     "PROFILES",
     "Profile",
     "Provider",
@@ -36,6 +40,7 @@ __all__ = [
     "create_provider",
     "first_token_timeout_for",
     "get_profile",
+    "may_retry",
     "parse_retry_after",
     "text_response",
     "tool_call_response",

@@ -416,7 +416,7 @@ class AnthropicStreamParser:
         self._usage.update((k, v) for k, v in u.items() if v is not None)  # later values win
         usage = parse_usage(self._usage)
         if usage is not None:
-            self._emit(out, CostUpdate(usage))
+            self._emit(out, CostUpdate.of(usage, self.partial.model))
         if self._usage.get("server_tool_use") is not None:
             self.partial.extra["server_tool_use"] = self._usage["server_tool_use"]
 

@@ -19,7 +19,7 @@ import os
 import random
 import time
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, ClassVar, Protocol
 
 import orjson
@@ -27,6 +27,7 @@ from attrs import evolve, field, frozen
 
 from ..errors import (
     ConfigurationError,
+    ContextLengthExceededError,
     EmptyResponseError,
     ProviderError,
     ProviderProtocolError,
@@ -39,6 +40,7 @@ from .sse import DEFAULT_MAX_EVENT_BYTES, SSEDecoder, ServerSentEvent
 
 __all__ = [
     "HttpProvider",
+    "NEVER_RETRIED_STATUSES",
     "Profile",
     "Provider",
     "ProviderCapabilities",
@@ -48,6 +50,7 @@ __all__ = [
     "ToolMode",
     "call_deadline",
     "first_token_timeout_for",
+    "may_retry",
 ]
 
 call_deadline: contextvars.ContextVar[float | None] = contextvars.ContextVar("fsm_agent_call_deadline", default=None)
@@ -133,35 +136,102 @@ def first_token_timeout_for(input_tokens: int, base: float = 30.0, per_1k: float
     return min(base + per_1k * input_tokens / 1000.0, cap)
 
 
+NEVER_RETRIED_STATUSES: frozenset[int] = frozenset({400, 401, 403, 404, 422})
+"""HTTP statuses that are never retried, whatever the error's ``retryable`` flag or an
+``x-should-retry`` header says: the same request will get the same answer."""
+
+
+def may_retry(error: ProviderError) -> bool:
+    """Whether sending the same request again may succeed.
+
+    ``error.retryable``, except that a status in :data:`NEVER_RETRIED_STATUSES` and a
+    :class:`~fsm_agent.errors.ContextLengthExceededError` (the same request overflows again; the
+    driver re-trims instead) are never retried. The one rule both retry layers and the fallback
+    chain (:class:`~fsm_agent.providers.FallbackRule`) use.
+    """
+    if not error.retryable or isinstance(error, ContextLengthExceededError):
+        return False
+    return error.status not in NEVER_RETRIED_STATUSES
+
+
+def _check_retry_policy(instance: Any, attribute: Any, value: Any) -> None:
+    if attribute.name == "max_attempts" and value < 1:
+        raise ValueError(f"max_attempts must be at least 1, got {value}")
+    if attribute.name != "max_attempts" and value < 0:
+        raise ValueError(f"{attribute.name} must not be negative, got {value}")
+
+
 @frozen
 class RetryPolicy:
-    """Exponential backoff with full jitter, honouring the server's Retry-After.
+    """The backoff policy: when to retry, how long to wait, honouring the server's Retry-After.
 
-    The n-th retry (n = 1, 2 ...) waits ``uniform(0, min(max_delay, initial_delay * 2**(n-1)))``
-    seconds, or the server's ``Retry-After`` / ``retry-after-ms`` when given (capped at
-    ``max_retry_after``). No wait ever ends past :data:`call_deadline`: when it would, the
-    error is raised at once. Only errors with ``retryable=True`` are retried.
+    fsm_agent's only backoff: the provider's per-HTTP-attempt retries
+    (:meth:`HttpProvider.chat` / :meth:`HttpProvider.chat_stream`) and the ``retry`` plugin
+    (``fsm_agent_middleware.retry.RetryFallback``, per logical call) both ask :meth:`delay`, so the
+    same error on the same retry gets the same wait from either layer.
+
+    Waits, in seconds. Retry ``n`` (1-based: the first retry is 1) has the base
+    ``base(n) = min(max_delay, initial_delay * 2**(n-1))`` and waits
+    ``base(n) + rng() * (min(max_delay, 2 * base(n)) - base(n))``, that is uniformly in
+    ``[base(n), min(2 * base(n), max_delay)]``: the jitter is added on top of the base and never
+    taken off it, and no computed wait exceeds ``max_delay``. With the defaults: retry 1 waits
+    0.5-1 s, retry 2 1-2 s, retry 3 2-4 s.
+
+    A server-requested wait (``RateLimitError.retry_after``, else the ``retry-after-ms`` or
+    ``Retry-After`` header, see :func:`~fsm_agent.providers.parse_retry_after`) replaces the
+    computed one exactly, without jitter; one above ``max_retry_after`` ends the retries. No wait
+    ever ends at or past :data:`call_deadline` (nor past ``remaining`` seconds when a caller gives
+    it): the error is raised at once instead.
+
+    Never retried: errors for which :func:`may_retry` is false (``retryable=False``; HTTP 400,
+    401, 403, 404 and 422 whatever the flag says; context-length errors). An empty response is
+    retried at most ``empty_response_retries`` times.
     """
 
-    max_attempts: int = 3
+    max_attempts: int = field(default=3, validator=_check_retry_policy)
     """Attempts in all, the first included (1 disables retries)."""
-    initial_delay: float = 0.5
-    """Seconds."""
-    max_delay: float = 20.0
-    """Seconds."""
-    max_retry_after: float = 60.0
+    initial_delay: float = field(default=0.5, validator=_check_retry_policy)
+    """Seconds: the base of the first retry's wait."""
+    max_delay: float = field(default=20.0, validator=_check_retry_policy)
+    """Seconds: no computed wait is longer (an ``initial_delay`` above it is lowered to it)."""
+    max_retry_after: float = field(default=60.0, validator=_check_retry_policy)
     """Longest server-requested wait honoured, in seconds; longer ones end the retries."""
-    empty_response_retries: int = 1
+    empty_response_retries: int = field(default=1, validator=_check_retry_policy)
     """Extra attempts for an empty response (seed 000 §5.2.6: one)."""
+    rng: Callable[[], float] | None = field(default=None, eq=False, repr=False)
+    """``() -> float`` in [0, 1) for the jitter (``None``: ``random.random``); a seeded
+    ``random.Random(seed).random`` makes the waits reproducible."""
+    sleep: Callable[[float], Awaitable[Any]] | None = field(default=None, eq=False, repr=False)
+    """``async (seconds) -> None`` used to wait (``None``: ``asyncio.sleep``)."""
 
-    def delay(self, error: ProviderError, retry_number: int, rng: Callable[[], float] = random.random) -> float | None:
-        """Seconds to wait before retry ``retry_number`` (1-based), or ``None`` to give up."""
-        if not error.retryable:
+    def backoff(self, retry_number: int, rng: Callable[[], float] | None = None) -> float:
+        """The computed wait in seconds before retry ``retry_number`` (1-based), ignoring any server hint.
+
+        Always in ``[base(n), min(2 * base(n), max_delay)]`` (see the class doc).
+        """
+        base = min(self.max_delay, self.initial_delay * 2 ** max(0, retry_number - 1))
+        top = min(self.max_delay, 2 * base)
+        return base + (rng or self.rng or random.random)() * (top - base)
+
+    def delay(self, error: ProviderError, retry_number: int, rng: Callable[[], float] | None = None, *,
+              attempts: int | None = None, remaining: float | None = None) -> float | None:
+        """Seconds to wait before retry ``retry_number`` (1-based) after ``error``, or ``None`` to give up.
+
+        Args:
+            error: the failure of the attempt just made.
+            retry_number: 1 for the first retry.
+            rng: overrides the policy's jitter source for this call.
+            attempts: attempts in all for this caller (default ``max_attempts``).
+            remaining: seconds left of the caller's own budget, checked besides :data:`call_deadline`.
+        """
+        if not may_retry(error):
             return None
-        limit = self.empty_response_retries + 1 if isinstance(error, EmptyResponseError) else self.max_attempts
+        limit = self.max_attempts if attempts is None else attempts
+        if isinstance(error, EmptyResponseError):
+            limit = min(limit, self.empty_response_retries + 1)
         if retry_number >= limit:
             return None
-        server = getattr(error, "retry_after", None) if isinstance(error, RateLimitError) else None
+        server = error.retry_after if isinstance(error, RateLimitError) else None
         if server is None and error.headers:
             from .errors import parse_retry_after
 
@@ -169,13 +239,20 @@ class RetryPolicy:
         if server is not None:
             if server > self.max_retry_after:
                 return None
-            wait = server
+            wait = float(server)
         else:
-            wait = rng() * min(self.max_delay, self.initial_delay * 2 ** (retry_number - 1))
+            wait = self.backoff(retry_number, rng)
         deadline = call_deadline.get()
-        if deadline is not None and time.monotonic() + wait > deadline:
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            remaining = left if remaining is None else min(remaining, left)
+        if remaining is not None and wait >= remaining:
             return None
-        return float(wait)
+        return wait
+
+    async def wait(self, seconds: float) -> None:
+        """Sleep ``seconds`` with the policy's ``sleep``."""
+        await (self.sleep or asyncio.sleep)(seconds)
 
 
 @frozen
@@ -432,7 +509,7 @@ class HttpProvider(Provider):
                 wait = self.config.retry.delay(exc, retry)
                 if wait is None:
                     raise
-                await asyncio.sleep(wait)
+                await self.config.retry.wait(wait)
 
     def decode_body(self, raw: bytes, status: int = 200, headers: Mapping[str, str] | None = None) -> MessageResponse:
         """A non-streaming body into a response; an error object in a 200 body raises."""
@@ -534,7 +611,7 @@ class HttpProvider(Provider):
                 if wait is None:
                     yield ErrorEvent(exc.kind, str(exc))
                     raise
-                await asyncio.sleep(wait)
+                await self.config.retry.wait(wait)
 
     async def _stream_batches(
         self, resp: Any, decoder: SSEDecoder, parser: StreamParser, first_timeout: float | None, started: float

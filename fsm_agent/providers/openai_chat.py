@@ -347,7 +347,7 @@ class OpenAIChatStreamParser:
             self._delta(choice, out)
         usage = parse_usage(chunk.get("usage"))
         if usage is not None:
-            ev2 = CostUpdate(usage)
+            ev2 = CostUpdate.of(usage, self.partial.model)
             self.partial.apply(ev2)
             out.append(ev2)
         return out

@@ -434,7 +434,7 @@ class OpenAIResponsesStreamParser:
             self._sync(self._index(pos, item.get("id"), prefer_id=True), item, out, True)
         usage = parse_usage(resp.get("usage"))
         if usage is not None:
-            cost = CostUpdate(usage)
+            cost = CostUpdate.of(usage, self.partial.model)
             self.partial.apply(cost)
             out.append(cost)
         self._final = resp

@@ -14,10 +14,10 @@ from .base import (
     WriteBatch,
 )
 from .memory import MemoryStore
+from .sessions import LoadedSession, load_session, read_turns, send_control, upgrade_checkpoint, upgrade_event
 from .sqlite import SQLiteStore
 
 __all__ = [
-    "SCHEMA_VERSION",
     "Checkpoint",
     "ControlKind",
     "ControlRecord",
@@ -25,12 +25,19 @@ __all__ = [
     "LeaseLost",
     "LedgerEntry",
     "LedgerStatus",
+    "LoadedSession",
     "MemoryStore",
     "PostgresStore",
+    "SCHEMA_VERSION",
     "SQLiteStore",
     "SessionRecord",
     "Store",
     "WriteBatch",
+    "load_session",
+    "read_turns",
+    "send_control",
+    "upgrade_checkpoint",
+    "upgrade_event",
 ]
 
 

@@ -58,8 +58,9 @@ __all__ = [
     "new_id",
 ]
 
-SCHEMA_VERSION = 1
-"""Version of events, checkpoints and ledger entries written by this release."""
+SCHEMA_VERSION = 2
+"""Version of events, checkpoints and ledger entries written by this release (2: checkpoints hold the
+whole run state; see docs/schema.md)."""
 
 
 def new_id() -> str:
@@ -76,12 +77,22 @@ class LedgerStatus(str, enum.Enum):
     FAILED = "failed"
     REJECTED = "rejected"
     """A person or a policy decided it must not run (its result is the rejection)."""
+    RESPONDED = "responded"
+    """A person or a policy answered it instead of the tool (its result is that answer)."""
     INTERRUPTED = "interrupted"
-    """The run was interrupted before it finished; the transcript has a synthetic result."""
+    """It started, and the run stopped before it finished: its outcome is unknown, and the
+    transcript says so. Closed: it is never run again silently."""
+    NOT_RUN = "not_run"
+    """The run stopped before it started; the transcript says it did not run. Closed."""
 
     @property
     def final(self) -> bool:
-        return self in (LedgerStatus.COMPLETED, LedgerStatus.FAILED, LedgerStatus.REJECTED)
+        """The call is closed: it has its result and never runs again."""
+        return self in _CLOSED
+
+
+_CLOSED = frozenset({LedgerStatus.COMPLETED, LedgerStatus.FAILED, LedgerStatus.REJECTED, LedgerStatus.RESPONDED,
+                     LedgerStatus.INTERRUPTED, LedgerStatus.NOT_RUN})
 
 
 class ControlKind(str, enum.Enum):

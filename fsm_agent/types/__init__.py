@@ -32,7 +32,7 @@ from .messages import (
     UserMessage,
 )
 from .requests import MessageRequest, MessageResponse, ThinkingConfig, ToolDefinition
-from .run import PendingAction, RunResult, RunStop, StopReason
+from .run import ContextRef, PendingAction, RunResult, RunStop, StopReason, TurnRecord
 from .stream import (
     ContentBlockEnd,
     ContentBlockStart,
@@ -61,6 +61,7 @@ __all__ = [
     "ContentBlock",
     "ContentBlockEnd",
     "ContentBlockStart",
+    "ContextRef",
     "CostUpdate",
     "ErrorEvent",
     "ExtensionBlock",
@@ -97,6 +98,7 @@ __all__ = [
     "ToolStarted",
     "ToolUseBlock",
     "TransitionEvent",
+    "TurnRecord",
     "Usage",
     "UserImageMessage",
     "UserMessage",

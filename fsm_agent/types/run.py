@@ -17,10 +17,12 @@ from .content import _tuple, ToolUseBlock
 from .messages import Message, ModelStopReason, Usage
 
 __all__ = [
+    "ContextRef",
     "PendingAction",
     "RunResult",
     "RunStop",
     "StopReason",
+    "TurnRecord",
 ]
 
 
@@ -108,6 +110,9 @@ class RunResult:
     """Cost over all calls (USD) when every model had a price, else ``None``."""
     duration_s: float = 0.0
     """Wall-clock time of this run (seconds)."""
+    output_data: Any = None
+    """With an output schema (``RunConfig.output_schema``): the final answer parsed and validated
+    against it; ``None`` otherwise."""
 
     @property
     def reason(self) -> StopReason:
@@ -116,3 +121,39 @@ class RunResult:
     @property
     def ok(self) -> bool:
         return self.stop.reason is StopReason.COMPLETED
+
+
+@frozen
+class ContextRef:
+    """A reference to exactly what one model call was sent (seed 004 §2: context snapshot ref)."""
+
+    hash: str
+    """SHA-256 (hex) of the request's messages, tools and settings as canonical JSON."""
+    seq: int
+    """The last event seq of the session log the context was built from."""
+    messages: int
+    """Messages in the request."""
+
+
+@frozen
+class TurnRecord:
+    """One turn (PreTurn → Model → MidTurn → PostTurn) as seed 004 §2 describes it, written to the
+    session log as a ``turn`` event when the turn ends."""
+
+    turn: int
+    """The turn number (the model call's, 1-based)."""
+    input_seq: int | None = None
+    """Seq of the event that started the turn (the user message, a followup, a steer, the last tool
+    result), or ``None`` when unknown."""
+    context: ContextRef | None = None
+    """What the model was sent, or ``None`` when the turn stopped before the call."""
+    model_call: dict[str, Any] | None = None
+    """``model``, ``provider``, ``stop_reason``, ``usage``, ``cost_usd`` of the call, or ``None``."""
+    tool_calls: tuple[str, ...] = field(default=(), converter=_tuple)
+    """Ids of the tool calls the model made."""
+    observations: tuple[dict[str, Any], ...] = field(default=(), converter=_tuple)
+    """Per tool call: ``call_id``, ``tool``, ``status`` (the ledger status), ``is_error``."""
+    verification: str | None = None
+    """What PostTurn decided and who decided it (a verifier's verdict), or ``None``."""
+    stop_reason: str | None = None
+    """The run's StopReason when this turn ended the run, else ``None``."""

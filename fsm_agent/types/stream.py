@@ -19,6 +19,7 @@ from typing import Any, ClassVar, Union
 import orjson
 from attrs import define, field, frozen
 
+from ..pricing import cost_usd as _cost_usd
 from .content import ContentBlock, ExtensionBlock, TextBlock, ThinkingBlock, ToolUseBlock
 from .messages import AssistantMessage, ModelStopReason, Usage
 from .requests import MessageResponse
@@ -129,11 +130,25 @@ class ToolCallEnd:
 
 @frozen
 class CostUpdate:
-    """Usage so far (cumulative for this call). ``cost_usd`` is filled when a price is known."""
+    """Usage and cost so far of this call (cumulative for the call, not the run).
+
+    Every protocol module (and :func:`events_for_response`) builds it with :meth:`of`, so
+    ``cost_usd`` always equals ``fsm_agent.pricing.cost_usd(model, usage)`` for the model the
+    response names.
+    """
 
     TAG: ClassVar[str] = "cost_update"
     usage: Usage
     cost_usd: float | None = None
+    """The call's cost so far in US dollars (not cents, not per token), priced by
+    :mod:`fsm_agent.pricing` from ``usage``. ``None`` when the model has no known price (or the
+    response named no model): unknown, never a guessed zero. A local model priced at zero gives
+    ``0.0``."""
+
+    @classmethod
+    def of(cls, usage: Usage, model: str | None) -> CostUpdate:
+        """The update for ``usage`` on ``model``, priced with :func:`fsm_agent.pricing.cost_usd`."""
+        return cls(usage, _cost_usd(model, usage) if model else None)
 
 
 @frozen
@@ -377,6 +392,6 @@ def events_for_response(response: MessageResponse) -> list[StreamEvent]:
     if response.refusal:
         out.append(RefusalDelta(response.refusal))
     if response.usage is not None:
-        out.append(CostUpdate(response.usage))
+        out.append(CostUpdate.of(response.usage, response.model))
     out.append(MessageComplete(response))
     return out

@@ -20,6 +20,7 @@ from fsm_agent import (
     tool,
 )
 from fsm_agent.errors import ContextLengthExceededError, InvalidRequestError, ServerError
+from fsm_agent.machine.state import RunState
 from fsm_agent.machine import TRANSITIONS, IllegalTransition, MachineState, Phase, Trigger
 from fsm_agent.machine.definition import machine
 from fsm_agent.pricing import Price, register_price
@@ -323,10 +324,8 @@ async def test_resume_rows_from_resumable_terminals(terminal: StopReason) -> Non
 async def test_resume_tools_rows(terminal: StopReason) -> None:
     rec = Recorder()
     a = agent(["after tools"], recorder=rec)
-    ctx = a.new_context([])
     pending = tool_call_response(("echo", {"text": "resumed"}))
-    ctx.transcript.append(pending.message)
-    ctx.pending_calls = list(pending.tool_calls)
+    ctx = a.new_context([pending.message], state=RunState(pending_calls=list(pending.tool_calls)))
     ctx.machine = MachineState(terminal)
     result = await a.driver(ctx).run(Trigger.RESUME_TOOLS, "resume tools")
     SEEN.update(rec.transitions())

@@ -417,11 +417,11 @@ async def test_trimming_uses_the_window_minus_output_and_tools() -> None:
     mw = MessageRepair()
     tools = estimate_request_tokens(MessageRequest("", (), tools=(lookup_invoice.definition,)))
     assert mw.budget(ctx) == 1000 - 200 - tools
-    ctx.context_retry = True
+    ctx._run.context_retry = True  # the driver's state: set here as the driver would after a context error
     assert mw.budget(ctx) == int((1000 - 200 - tools) * 0.75)
-    ctx.max_output_override = 100
+    ctx.settings.max_output_tokens = 100
     assert MessageRepair(max_context_tokens=500, retry_budget_ratio=0.5).budget(ctx) == int((500 - 100 - tools) * 0.5)
-    ctx.tools_enabled = False
+    ctx.settings.tools_enabled = False
     assert MessageRepair(max_context_tokens=500, retry_budget_ratio=1.0).budget(ctx) == 400
     assert MessageRepair().budget(Agent(ScriptedProvider([])).new_context([])) is None  # window unknown
 

@@ -55,18 +55,18 @@ async def run(provider: Any, mw: RetryFallback, recorder: Recorder | None = None
     return result, ctx.state(mw)
 
 
-async def test_retries_retryable_errors_with_equal_jitter_backoff() -> None:
+async def test_retries_retryable_errors_with_backoff_never_below_its_base() -> None:
     provider = ScriptedProvider([server_error(), OverloadedError("busy", provider="scripted", status=529), "ok"])
     waits = Waits()
     mw = RetryFallback(max_attempts=3, initial_delay=1.0, rng=lambda: 0.5, sleep=waits)
     result, state = await run(provider, mw)
     assert result.stop.reason is StopReason.COMPLETED and result.output == "ok"
-    assert waits.waits == [0.75, 1.5]  # cap 1 s then 2 s, times (0.5 + 0.5 * 0.5)
+    assert waits.waits == [1.5, 3.0]  # base 1 s then 2 s, plus 0.5 x the base (RetryPolicy.backoff)
     assert len(provider.requests) == 3
     assert state["calls"] == [{"turn": 1, "answered_by": {"provider": "scripted", "model": "scripted", "index": 0},
                                "attempts": [
                                    {"provider": "scripted", "index": 0, "kind": "server_error", "status": 500, "waited": 0.0},
-                                   {"provider": "scripted", "index": 0, "kind": "overloaded", "status": 529, "waited": 0.75},
+                                   {"provider": "scripted", "index": 0, "kind": "overloaded", "status": 529, "waited": 1.5},
                                ]}]
 
 
@@ -76,7 +76,7 @@ async def test_gives_up_after_max_attempts_with_the_last_error() -> None:
     result, state = await run(provider, RetryFallback(rng=lambda: 0.0, sleep=waits))
     assert result.stop.reason is StopReason.FAILED_RETRYABLE
     assert result.stop.error["kind"] == "server_error"
-    assert len(provider.requests) == 2 and waits.waits == [0.5]  # default: 2 logical attempts
+    assert len(provider.requests) == 2 and waits.waits == [1.0]  # default: 2 logical attempts, base 1 s
     assert state["calls"][0]["answered_by"] is None and "answered_by" not in state
 
 
@@ -146,7 +146,8 @@ async def test_no_fallback_starts_once_the_budget_is_spent() -> None:
     provider = ScriptedProvider([server_error()], delay=0.25)
     backup = ScriptedProvider(["too late"])
     result, _ = await run(provider, RetryFallback(fallbacks=[backup], sleep=Waits()), max_wall_clock=0.2)
-    assert result.stop.reason is StopReason.FAILED_RETRYABLE and result.stop.error["kind"] == "server_error"
+    # the wall clock is a real limit: the call in flight is cut when it runs out (issue 8)
+    assert result.stop.reason is StopReason.PAUSED_BUDGET and result.stop.budget == "wall_clock"
     assert backup.requests == []
 
 
@@ -231,3 +232,91 @@ async def test_fallback_from_a_server_returning_500s_to_a_second_server() -> Non
     assert state["answered_by"] == {"provider": "openai-compatible", "model": "gpt-3.5-turbo-0125", "index": 1}
     deltas = "".join(e.event.text for e in rec.of(ModelStreamEvent) if isinstance(e.event, TextDelta))
     assert deltas == "1, 2, 3, 4, 5"
+
+
+# -- one backoff policy for both layers (fsm_agent.providers.RetryPolicy) ----------------------------
+def test_the_plugin_uses_the_provider_layer_s_policy() -> None:
+    shared = RetryPolicy(max_attempts=4, initial_delay=0.1, max_delay=1.0)
+    mw = RetryFallback(policy=shared)
+    assert mw.policy is shared and mw.max_attempts == 4 and mw.initial_delay == 0.1
+    assert RetryFallback(max_attempts=3, initial_delay=2.0, max_delay=9.0, max_retry_after=5.0).policy == \
+        RetryPolicy(max_attempts=3, initial_delay=2.0, max_delay=9.0, max_retry_after=5.0)
+
+
+async def test_the_plugin_s_backoff_never_falls_below_its_base() -> None:
+    import random
+
+    attempts = 9
+    provider = ScriptedProvider([server_error() for _ in range(attempts - 1)] + ["ok"])
+    waits = Waits()
+    mw = RetryFallback(max_attempts=attempts, initial_delay=0.5, max_delay=6.0, rng=random.Random(11).random,
+                       sleep=waits)
+    result, _ = await run(provider, mw)
+    assert result.output == "ok" and len(waits.waits) == attempts - 1
+    for n, wait in enumerate(waits.waits, 1):
+        floor = min(6.0, 0.5 * 2 ** (n - 1))
+        assert floor <= wait <= min(6.0, 2 * floor), (n, wait)
+
+
+NEVER_RETRIED = (400, 401, 403, 404, 422)
+
+
+@pytest.mark.parametrize("status", NEVER_RETRIED)
+async def test_400_401_403_404_422_are_never_retried_by_the_plugin(status: int) -> None:
+    from fsm_agent.providers import classify_error
+
+    # a body and header that would otherwise be retried: the status wins
+    error = classify_error(status, b'{"error":{"message":"Rate limit reached","type":"requests"}}',
+                           {"x-should-retry": "true", "retry-after": "1"}, provider="scripted")
+    assert error.retryable
+    provider, backup = ScriptedProvider([error, "never"]), ScriptedProvider(["never"])
+    waits = Waits()
+    result, state = await run(provider, RetryFallback(max_attempts=5, fallbacks=[backup], sleep=waits))
+    assert result.stop.reason is not StopReason.COMPLETED
+    assert len(provider.requests) == 1 and backup.requests == [] and waits.waits == []
+    assert [a["status"] for a in state["calls"][0]["attempts"]] == [status]
+
+
+@pytest.mark.parametrize("status", NEVER_RETRIED)
+async def test_400_401_403_404_422_are_never_retried_by_either_layer_over_http(status: int) -> None:
+    body = b'{"error":{"message":"upstream hiccup","type":"server_error"}}'
+    responses = [RecordedResponse(status, body, headers={"x-should-retry": "true"}),
+                 RecordedResponse(200, STREAM, "text/event-stream")]
+    waits = Waits()
+    async with ReplayServer(responses) as server, \
+            http(server.base_url, RetryPolicy(max_attempts=4, initial_delay=0, sleep=waits)) as provider:
+        result, _ = await run(provider, RetryFallback(max_attempts=4, sleep=waits))
+    assert result.stop.reason is not StopReason.COMPLETED and result.stop.error["status"] == status
+    assert len(server.requests) == 1 and waits.waits == []
+
+
+@pytest.mark.parametrize(("status", "body", "headers"), [
+    (503, SERVER_ERROR, {}),
+    (529, b'{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}', {}),
+    (429, RATE_LIMITED, {}),  # "try again in 6ms" in the body
+    (429, b'{"error":{"message":"Rate limit reached","type":"requests"}}', {"retry-after-ms": "40"}),
+    (500, b'{"error":{"message":"boom","type":"server_error"}}', {"retry-after": "0.3"}),
+], ids=["server_error", "overloaded", "hint_in_body", "retry_after_ms", "retry_after"])
+async def test_the_plugin_and_the_provider_choose_the_same_delays(status: int, body: bytes,
+                                                                   headers: dict[str, str]) -> None:
+    import random
+
+    from fsm_agent.providers import classify_error
+
+    def policy(waits: Waits) -> RetryPolicy:
+        return RetryPolicy(max_attempts=4, initial_delay=0.05, max_delay=0.3, rng=random.Random(42).random,
+                           sleep=waits)
+
+    # the provider layer: three failed HTTP attempts, then an answer
+    provider_waits = Waits()
+    responses = [RecordedResponse(status, body, headers=headers)] * 3
+    responses.append(RecordedResponse(200, STREAM, "text/event-stream"))
+    async with ReplayServer(responses) as server, http(server.base_url, policy(provider_waits)) as provider:
+        result, _ = await run(provider, RetryFallback(max_attempts=1))
+    assert result.output == "1, 2, 3, 4, 5" and len(server.requests) == 4
+    # the plugin: the same errors, classified the same way, from a provider without retries
+    plugin_waits = Waits()
+    errors = [classify_error(status, body, headers, provider="scripted") for _ in range(3)]
+    result, _ = await run(ScriptedProvider([*errors, "ok"]), RetryFallback(policy=policy(plugin_waits)))
+    assert result.output == "ok"
+    assert len(plugin_waits.waits) == 3 and plugin_waits.waits == provider_waits.waits

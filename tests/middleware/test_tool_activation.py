@@ -143,19 +143,21 @@ async def test_wrap_up_turn_gets_no_meta_tool() -> None:
     assert provider.requests[1].tools == ()
 
 
-async def test_more_than_25_offered_tools_log_one_warning(caplog: pytest.LogCaptureFixture) -> None:
+async def test_more_than_25_offered_tools_log_one_warning_per_run(caplog: pytest.LogCaptureFixture) -> None:
+    """Seed 000 §5.2.5: the loop warns on a run's first call when more than 25 tools are offered."""
     many = [make_tool(f"t{i}") for i in range(30)]
-    activation = ToolActivation(None)
-    agent = Agent(ScriptedProvider([call("t1"), "done", "again"]), tools=many, middleware=[activation])
-    with caplog.at_level(logging.WARNING, logger="fsm_agent.middleware.tool_activation"):
-        await agent.run("go")
-        await agent.run("go again")
-    assert [(r.name, r.getMessage()) for r in caplog.records] == [(
-        "fsm_agent.middleware.tool_activation",
-        "30 tools are offered to the model (more than 25); many models answer worse with long tool lists "
-        "(seed 000 §5.2.5): lower max_active or deny unused tools")]
+    agent = Agent(ScriptedProvider([call("t1"), "done", "again"]), tools=many, middleware=[ToolActivation(None)])
+    with caplog.at_level(logging.WARNING, logger="fsm_agent.driver"):
+        first = await agent.run("go")  # two model calls, one warning
+        second = await agent.run("go again")
+    warnings = [r.getMessage() for r in caplog.records if r.name == "fsm_agent.driver"]
+    assert warnings == [
+        f"session {first.session_id}: 30 tools are offered to the model (more than 25); most models choose worse "
+        "from long tool lists: offer fewer (tool_activation, a deny policy)",
+        f"session {second.session_id}: 30 tools are offered to the model (more than 25); most models choose worse "
+        "from long tool lists: offer fewer (tool_activation, a deny policy)"]
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="fsm_agent.middleware.tool_activation"):
+    with caplog.at_level(logging.WARNING, logger="fsm_agent.driver"):
         _, provider = await run(["done"], ToolActivation(), tools=many)  # the default bound: 25
     assert caplog.records == [] and len(provider.requests[0].tools) == 26
 
@@ -185,7 +187,7 @@ def test_invalid_options(args: tuple[Any, ...], kw: dict[str, Any], message: str
 
 def test_repr_shows_the_options() -> None:
     assert repr(ToolActivation(4, always_on="calculator", max_idle_turns=3)) == (
-        "ToolActivation(max_active=4, always_on=['calculator'], max_idle_turns=3, warn_above=25, "
+        "ToolActivation(max_active=4, always_on=['calculator'], max_idle_turns=3, "
         "activation_tool='activate_tool')")
 
 

@@ -88,11 +88,12 @@ def test_parse_retry_after_variants() -> None:
     assert parse_retry_after({}) is None
 
 
-def test_backoff_grows_with_full_jitter_and_caps() -> None:
+def test_backoff_grows_with_jitter_above_its_base_and_caps() -> None:
     policy = RetryPolicy(max_attempts=6, initial_delay=0.5, max_delay=3.0)
     err = ServerError("x", status=500)
-    assert [policy.delay(err, n, rng=lambda: 1.0) for n in (1, 2, 3, 4, 5)] == [0.5, 1.0, 2.0, 3.0, 3.0]
-    assert policy.delay(err, 2, rng=lambda: 0.25) == 0.25
+    assert [policy.delay(err, n, rng=lambda: 0.0) for n in (1, 2, 3, 4, 5)] == [0.5, 1.0, 2.0, 3.0, 3.0]  # the bases
+    assert [policy.delay(err, n, rng=lambda: 1.0) for n in (1, 2, 3, 4, 5)] == [1.0, 2.0, 3.0, 3.0, 3.0]
+    assert policy.delay(err, 2, rng=lambda: 0.25) == 1.25
     assert policy.delay(err, 6) is None  # attempts spent
     assert policy.delay(ServerError("x", status=500, retryable=False), 1) is None
 

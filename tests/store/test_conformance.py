@@ -10,8 +10,9 @@ import pytest
 from fsm_agent import Agent, ScriptedProvider, tool
 from fsm_agent.errors import LeaseLost, SessionExistsError
 from fsm_agent.providers import tool_call_response
-from fsm_agent.session import load_session
+from fsm_agent.store.sessions import load_session
 from fsm_agent.store import (
+    SCHEMA_VERSION,
     Checkpoint,
     ControlKind,
     ControlRecord,
@@ -53,7 +54,7 @@ async def test_events_are_an_append_only_log_without_gaps(store) -> None:
     assert [(e.seq, e.type, e.payload) for e in got] == [
         (1, "message", {"i": 1, "text": "é✅"}), (2, "message", {"i": 2, "text": "é✅"}),
         (3, "message", {"i": 3, "text": "é✅"}), (4, "transition", {"to": "Model"})]
-    assert got[0].event_id == evs[0].event_id and got[0].turn_id == "s:1" and got[0].schema_version == 1
+    assert got[0].event_id == evs[0].event_id and got[0].turn_id == "s:1" and got[0].schema_version == SCHEMA_VERSION
     assert [e.seq for e in await store.read_events("s", after_seq=1, until_seq=3)] == [2, 3]
     rec = await store.get_session("s")
     assert rec.last_seq == 4 and rec.state == "PreTurn"

@@ -10,7 +10,7 @@ import pytest
 from fsm_agent import Agent, ScriptedProvider, StopReason, tool
 from fsm_agent.control import Decision
 from fsm_agent.errors import ResumeError
-from fsm_agent.session import load_session, upgrade_event
+from fsm_agent.store.sessions import load_session, upgrade_event
 from fsm_agent.store import SCHEMA_VERSION, EventRecord, SQLiteStore
 from fsm_agent.store.sqlite import MIGRATIONS
 

@@ -1,0 +1,115 @@
+"""The journal: how a running driver writes to its session's store.
+
+It appends every state change to the session's event log (buffered, then committed in one
+transaction at each safe point), writes checkpoints at safe points (entering PreTurn or a
+MidTurn with effects, and at the end), and writes tool-call ledger entries durably *before* the
+step they name. A checkpoint's data is the whole :class:`~fsm_agent.machine.state.RunState`
+through the one converter.
+
+Event types written (payload keys): ``session_started`` (goal, config), ``transition`` (from,
+trigger, to, reason), ``message`` (message), ``model_call`` (model, provider, stop_reason,
+raw_stop_reason, usage, cost_usd, context), ``tool_call`` (call_id, tool, status), ``control``
+(kind, text, control_id), ``control_dropped``, ``recovered`` (state, checkpoint_id, reason),
+``turn`` (a :class:`~fsm_agent.types.run.TurnRecord`), ``run_stopped`` (stop), plus the observer
+events middleware queue (``budget_warning`` ...).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from attrs import define, field
+
+from ..store.base import Checkpoint, EventRecord, LedgerEntry, LedgerStatus, Store, WriteBatch, new_id
+from ..tools.execution import idempotency_key
+from ..types.codec import unstructure
+from ..types.content import ToolUseBlock
+from ..types.messages import Message, ToolResultMessage
+from .state import RunState
+
+__all__ = ["Journal", "ledger_entry"]
+
+
+@define
+class Journal:
+    """Buffers a run's events and commits them with checkpoints and ledger entries.
+
+    Args:
+        store: the session's store.
+        session_id: the session.
+        next_seq: the seq the next event gets (the session's ``last_seq + 1``).
+        owner: the lease owner; every write is fenced to it (``None``: unfenced).
+    """
+
+    store: Store
+    session_id: str
+    next_seq: int
+    owner: str | None = None
+    buffer: list[EventRecord] = field(factory=list)
+    queued_ledger: dict[str, LedgerEntry] = field(factory=dict)
+    """Ledger entries that may wait for the next commit (see :meth:`ledger`)."""
+    last_checkpoint: str | None = None
+    _lock: asyncio.Lock = field(factory=asyncio.Lock)
+    """Serializes commits: parallel tool calls write their ledger entries concurrently."""
+
+    def record(self, type: str, payload: dict[str, Any], turn: int | None = None) -> int:
+        """Buffer one event; returns its seq."""
+        seq = self.next_seq
+        self.next_seq += 1
+        # (session_id, seq) is unique, so the event id is derived from it rather than drawn at random
+        self.buffer.append(EventRecord(self.session_id, seq, type, payload,
+                                       f"{self.session_id}:{turn}" if turn else None, time.time(),
+                                       f"{self.session_id}:{seq}"))
+        return seq
+
+    def message(self, message: Message, turn: int) -> int:
+        """Buffer a ``message`` event; returns its seq."""
+        return self.record("message", {"message": unstructure(message)}, turn)
+
+    async def flush(self, *, checkpoint: Checkpoint | None = None, ledger: tuple[LedgerEntry, ...] = (),
+                    state: str | None = None, stop: dict[str, Any] | None = None) -> None:
+        """Commit buffered events (and what is given) in one transaction.
+
+        Raises:
+            LeaseLost: another worker took the session over.
+            StoreError: the store could not write (the events stay buffered for the next try).
+        """
+        async with self._lock:
+            if (not self.buffer and checkpoint is None and not ledger and not self.queued_ledger and state is None
+                    and stop is None):
+                return
+            events, self.buffer = tuple(self.buffer), []
+            queued, self.queued_ledger = self.queued_ledger, {}
+            for entry in ledger:
+                queued[entry.call_id] = entry
+            try:
+                await self.store.write(WriteBatch(self.session_id, events, checkpoint, tuple(queued.values()), state,
+                                                  stop, self.owner))
+            except BaseException:
+                self.buffer = list(events) + self.buffer
+                self.queued_ledger = {**queued, **self.queued_ledger}
+                raise
+            if checkpoint is not None:
+                self.last_checkpoint = checkpoint.checkpoint_id
+
+    def checkpoint(self, run: RunState, safe_point: str) -> Checkpoint:
+        """A checkpoint of ``run`` (the whole state) at the last buffered seq; commit it with :meth:`flush`."""
+        return Checkpoint(new_id(), self.session_id, self.next_seq - 1, safe_point, unstructure(run))
+
+    async def ledger(self, *entries: LedgerEntry, durable: bool = True) -> None:
+        """Write ledger entries (and buffered events) durably now, or, with ``durable=False``, with the
+        next commit (for states whose loss a crash makes harmless: a pure tool simply runs again)."""
+        if durable:
+            await self.flush(ledger=tuple(entries))
+        else:
+            for entry in entries:
+                self.queued_ledger[entry.call_id] = entry
+
+
+def ledger_entry(session_id: str, turn: int, call: ToolUseBlock, status: LedgerStatus, *, effect: str = "pure",
+                 result: ToolResultMessage | None = None) -> LedgerEntry:
+    """The ledger entry of ``call`` in ``status`` (its idempotency key is stable across resumes)."""
+    return LedgerEntry(session_id, call.id, call.name, dict(call.input), idempotency_key(session_id, call.id),
+                       effect, status, turn, unstructure(result) if result is not None else None)

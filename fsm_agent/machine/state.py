@@ -1,0 +1,91 @@
+"""The run state: everything the driver carries from one phase to the next, as one typed value.
+
+:class:`RunState` is checkpointed whole: a checkpoint's data is ``unstructure(state)`` and a
+restore is ``structure(data, RunState)`` through the one converter (:mod:`fsm_agent.types.codec`).
+There is no hand-kept list of keys to drift out of step with the fields; a field added here is
+saved and restored by construction (a test round-trips every field).
+
+Plugins never see this object: they get a :class:`~fsm_agent.machine.context.RunContext`, a
+read-only view of it plus the two things a plugin may write (``messages`` and
+:class:`TurnSettings`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from attrs import define, field
+
+from ..control import Decision
+from ..store.base import LedgerEntry
+from ..types.content import ToolUseBlock
+from ..types.messages import ToolResultMessage, Usage
+from ..types.requests import MessageResponse
+from .config import RunConfig
+from .phases import Phase
+
+__all__ = ["RunState", "TurnSettings"]
+
+
+@define
+class TurnSettings:
+    """What PreTurn middleware may set for the next model call; reset to these defaults each PreTurn
+    unless a middleware sets them again."""
+
+    active_tools: list[str] | None = None
+    """Tool names offered to the model this turn; ``None``: all registered tools."""
+    tools_enabled: bool = True
+    """``False`` for a wrap-up turn (one last call offered no tools)."""
+    max_output_tokens: int | None = None
+    """``max_tokens`` of the next request; ``None``: the run config's (or the provider's default)."""
+
+
+@define
+class RunState:
+    """Everything the driver carries across phases, checkpointed whole (schema version 2)."""
+
+    config: RunConfig = field(factory=RunConfig)
+    """Budgets and settings of the run (raised budgets on a resume land here)."""
+    state: str = Phase.IDLE.value
+    """The machine state's name when the state was saved (a phase or a StopReason)."""
+    turn: int = 0
+    """Model calls started in this session (1-based once the first call starts)."""
+    usage: Usage = Usage()
+    """Tokens over the session (``estimated`` once any call reported none)."""
+    cost_usd: float | None = 0.0
+    """USD over the session; ``None`` once a call had no known price."""
+    tool_calls_made: int = 0
+    """Tool calls executed over the session."""
+    tool_call_counts: dict[str, int] = field(factory=dict)
+    """Executed calls per tool name."""
+    pending_calls: list[ToolUseBlock] = field(factory=list)
+    """The last model response's tool calls that have no result yet."""
+    ledger: dict[str, LedgerEntry] = field(factory=dict)
+    """The tool-call ledger by call id, as last written by this worker. On load the store's
+    ledger (written before each step, so never older) replaces it."""
+    decisions: dict[str, Decision] = field(factory=dict)
+    """A person's decisions on pending calls, by call id, not yet written to the ledger."""
+    decided_results: dict[str, ToolResultMessage] = field(factory=dict)
+    """Results of the current MidTurn's calls settled before the run stopped to wait for a person."""
+    context_retry: bool = False
+    """The context-length recovery (re-trim and retry once, case B20) was used for this call."""
+    max_output_override: int | None = None
+    """A lowered ``max_tokens`` for the next call (context-length recovery); tokens."""
+    structured_repair: bool = False
+    """The one repair turn for an answer that broke the output schema was used."""
+    evidence: list[str] = field(factory=list)
+    """Evidence references gathered (verifier records, event seqs)."""
+    elapsed: float = 0.0
+    """Wall-clock seconds spent by earlier runs of this session (resumes)."""
+    goal_version: int = 1
+    """Incremented by each Steer."""
+    last_response: MessageResponse | None = None
+    """The last model response, or ``None`` before the first."""
+    cancel_confirmed: bool = False
+    """A person confirmed a cancel whose side effects have no compensation."""
+    transcript_len: int = 0
+    """Messages in the transcript when the state was saved."""
+    turn_input_seq: int | None = None
+    """Seq of the event that started the current turn (the user message, a tool result, a control)."""
+    metadata: dict[str, Any] = field(factory=dict)
+    """JSON-safe data of later capabilities (plans, compaction) that ride the checkpoint."""
