@@ -37,8 +37,9 @@ from fsm_agent.types import (
     ToolUseBlock,
     UserImageMessage,
     UserMessage,
+    count_message_tokens,
+    estimate_request_tokens,
 )
-from fsm_agent.types.tokens import count_message_tokens, estimate_request_tokens
 
 __all__ = [
     "RULES", "MessageRepair", "ProviderRules", "drop_empty_content", "normalize_system_messages",
