@@ -15,6 +15,7 @@
         ├── ToolArgumentsError         a tool call's arguments do not match its schema
         ├── MiddlewareError            a fail-closed middleware raised (wraps the cause)
         ├── LeaseLost                  another worker holds the session's lease; this one must stop writing
+        │   └── SessionConflictError   another writer appended to the session since this one read it
         ├── StoreError                 a store read or write failed (disk full, read-only, locked, gone);
         │                              names the store's location and the cause; ``transient`` says
         │                              whether retrying may help
@@ -88,6 +89,7 @@ __all__ = [
     "ResumeError",
     "RunError",
     "ServerError",
+    "SessionConflictError",
     "SessionExistsError",
     "Signal",
     "StopRun",
@@ -219,6 +221,26 @@ class StructuredOutputError(RunError):
         self.response = response
         calls = "1 call" if attempts == 1 else f"{attempts} calls"
         super().__init__(f"the answer does not match output schema {schema_name!r} after {calls}: {error}")
+
+
+class SessionConflictError(LeaseLost):
+    """Another writer appended events to the session after this writer read it (two writers without
+    a lease, or a worker whose view is stale): this writer's events would not follow the log, so
+    nothing was written. Reload the session (``Agent.resume``) to continue from what was stored.
+
+    Attributes:
+        session_id: the session.
+        expected_seq: the seq this writer's first event had.
+        last_seq: the log's last seq when the write was refused.
+    """
+
+    def __init__(self, session_id: str, expected_seq: int, last_seq: int) -> None:
+        self.session_id = session_id
+        self.expected_seq = expected_seq
+        self.last_seq = last_seq
+        super().__init__(f"session {session_id}: another writer appended to the log (it ends at seq {last_seq}, "
+                         f"this write starts at {expected_seq}); nothing was written — resume the session to "
+                         "continue from what was stored")
 
 
 class ProviderError(RunError):

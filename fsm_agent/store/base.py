@@ -242,7 +242,7 @@ class Store(abc.ABC):
         Raises:
             LeaseLost: ``batch.expected_owner`` no longer holds the lease (not a ``StoreError``).
             KeyError: unknown session.
-            ValueError: the first event's seq does not follow the session's last one.
+            SessionConflictError: the first event's seq does not follow the session's last one (another writer).
             StoreError: the store could not be written (disk full, read-only, locked, connection
                 lost). When the cause is a lost acknowledgement (the connection dropped during
                 COMMIT) the batch may in fact be stored: read the session back before retrying.

@@ -9,7 +9,7 @@ from typing import Any
 
 from attrs import evolve
 
-from ..errors import LeaseLost, SessionExistsError
+from ..errors import LeaseLost, SessionConflictError, SessionExistsError
 from .base import Checkpoint, ControlKind, ControlRecord, EventRecord, LedgerEntry, SessionRecord, Store, WriteBatch
 
 __all__ = ["MemoryStore"]
@@ -57,7 +57,7 @@ class MemoryStore(Store):
         log = self._events[batch.session_id]
         for e in batch.events:
             if e.seq != (log[-1].seq if log else 0) + 1:
-                raise ValueError(f"event seq {e.seq} does not follow {log[-1].seq if log else 0}")
+                raise SessionConflictError(batch.session_id, e.seq, log[-1].seq if log else 0)
             log.append(e)
         if batch.checkpoint is not None:
             self._checkpoints[batch.checkpoint.checkpoint_id] = batch.checkpoint

@@ -30,7 +30,7 @@ from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 import orjson
 
-from ..errors import ConfigurationError, LeaseLost, SessionExistsError, StoreError
+from ..errors import ConfigurationError, LeaseLost, SessionConflictError, SessionExistsError, StoreError
 from .base import (
     Checkpoint,
     ControlKind,
@@ -313,7 +313,7 @@ class PostgresStore(Store):
             raise LeaseLost(f"session {batch.session_id} is leased by {owner}, not {batch.expected_owner}")
         if batch.events:
             if batch.events[0].seq != last_seq + 1:
-                raise ValueError(f"event seq {batch.events[0].seq} does not follow {last_seq}")
+                raise SessionConflictError(batch.session_id, batch.events[0].seq, last_seq)
             await con.executemany(
                 "INSERT INTO events VALUES ($1,$2,$3,$4,$5,$6,$7::jsonb,$8)",
                 [(e.session_id, e.seq, e.event_id, e.turn_id, e.type, e.ts, _j(e.payload), e.schema_version)

@@ -30,7 +30,7 @@ from typing import Any
 
 import orjson
 
-from ..errors import LeaseLost, SessionExistsError, StoreError
+from ..errors import LeaseLost, SessionConflictError, SessionExistsError, StoreError
 from .base import (
     Checkpoint,
     ControlKind,
@@ -306,7 +306,7 @@ class SQLiteStore(Store):
                 raise KeyError(f"unknown session {batch.session_id}")
             if batch.expected_owner is not None and row[1] != batch.expected_owner:
                 raise LeaseLost(f"session {batch.session_id} is leased by {row[1]}, not {batch.expected_owner}")
-            raise ValueError(f"event seq {first} does not follow {row[0]}")
+            raise SessionConflictError(batch.session_id, first, row[0])
 
     async def write(self, batch: WriteBatch) -> None:
         db = self._db

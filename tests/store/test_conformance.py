@@ -8,7 +8,7 @@ import time
 import pytest
 
 from fsm_agent import Agent, ScriptedProvider, tool
-from fsm_agent.errors import LeaseLost, SessionExistsError
+from fsm_agent.errors import LeaseLost, SessionConflictError, SessionExistsError
 from fsm_agent.providers import tool_call_response
 from fsm_agent.store.sessions import load_session
 from fsm_agent.store import (
@@ -45,9 +45,9 @@ async def test_events_are_an_append_only_log_without_gaps(store) -> None:
     await store.create_session(SessionRecord("s", "Idle"))
     evs = tuple(EventRecord("s", i, "message", {"i": i, "text": "é✅"}, "s:1") for i in (1, 2, 3))
     await store.write(WriteBatch("s", evs, state="PreTurn"))
-    with pytest.raises(ValueError, match="does not follow"):
+    with pytest.raises(SessionConflictError, match="another writer appended"):
         await store.write(WriteBatch("s", (EventRecord("s", 5, "x", {}),)))
-    with pytest.raises(ValueError, match="does not follow"):
+    with pytest.raises(SessionConflictError, match="another writer appended"):
         await store.write(WriteBatch("s", (EventRecord("s", 3, "x", {}),)))
     await store.write(WriteBatch("s", (EventRecord("s", 4, "transition", {"to": "Model"}),)))
     got = await store.read_events("s")
