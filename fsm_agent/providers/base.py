@@ -36,6 +36,7 @@ from ..errors import (
 from ..types.requests import MessageRequest, MessageResponse
 from ..types.stream import ErrorEvent, MessageComplete, StreamEvent, TextDelta, ThinkingDelta, ToolCallArgumentsDelta
 from .errors import classify_error
+from .record import Recorder
 from .sse import DEFAULT_MAX_EVENT_BYTES, SSEDecoder, ServerSentEvent
 
 __all__ = [
@@ -279,7 +280,7 @@ class ProviderConfig:
     allow_stream_replay: bool = False
     """Retry a stream that already produced content (the consumer then sees the content again)."""
     record_to: str | None = None
-    """Append every exchange, credentials scrubbed, to this JSON file (``fsm_agent.testing.record``)."""
+    """Append every exchange, credentials scrubbed, to this JSON file (:mod:`fsm_agent.providers.record`)."""
 
 
 class StreamParser(Protocol):
@@ -376,8 +377,6 @@ class HttpProvider(Provider):
             profile.name, connect_timeout=self.config.connect_timeout, request_timeout=self.config.request_timeout
         )
         if self.config.record_to:
-            from ..testing.record import Recorder
-
             self._http.recorder = Recorder(self.config.record_to, secrets=(self.api_key or "",))
 
     # -- identity --------------------------------------------------------------

@@ -56,7 +56,7 @@ class HttpClient:
         self._owns_session = session is None
         self.recorder: Any = None
         """``recorder(url, request_headers, request_body, status, response_headers, response_body)`` sees
-        every exchange when set (``fsm_agent.testing.record.Recorder``)."""
+        every exchange when set (``fsm_agent.providers.record.Recorder``)."""
         self._sent: dict[int, tuple[str, dict[str, str], bytes]] = {}
 
     def record(self, resp: aiohttp.ClientResponse, raw: bytes) -> None:

@@ -1,4 +1,6 @@
-"""Record real provider traffic, credentials scrubbed, in the format :class:`ReplayServer` serves.
+"""Record real provider traffic, credentials scrubbed, in the format
+:class:`fsm_agent.testing.ReplayServer` serves (the HTTP client of :mod:`.http` calls the recorder;
+both :class:`Recorder` and :func:`load_recording` are exported from :mod:`fsm_agent.testing`).
 
 Format (the "json_req_resp_list" of ../shared/corpus, as the Anthropic SDK's inline snapshots use):
 a JSON list of ``{"request": {"method", "url", "headers", "body"}, "response": {"status_code",

@@ -23,6 +23,8 @@ import orjson
 from aiohttp import web
 from attrs import define, field, frozen
 
+from ..providers.record import load_recording
+
 __all__ = ["RecordedResponse", "ReceivedRequest", "ReplayServer"]
 
 
@@ -119,9 +121,7 @@ class ReplayServer:
 
     @classmethod
     def from_recording(cls, path: Any, **kw: Any) -> ReplayServer:
-        """Serve the responses of a recording file (``fsm_agent.testing.record`` format), in order."""
-        from .record import load_recording
-
+        """Serve the responses of a recording file (:mod:`fsm_agent.providers.record` format), in order."""
         responses = []
         for ex in load_recording(path):
             r = ex["response"]
