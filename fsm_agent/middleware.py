@@ -1,61 +1,37 @@
 """The middleware contract: what a policy plugin may do at each phase.
 
-Subclass :class:`Middleware` and override only the hooks you need; the
-others are pass-through and the chain skips them. Hooks may be ``def`` or
-``async def`` (checked when the chain is built, with the plugin's name in
-any error).
+Subclass :class:`Middleware` and override only the hooks you need; the others pass through and
+the chain skips them. Each hook's docstring is its contract: when it runs, what to return, what
+to raise, what it may read and write on the :class:`~fsm_agent.machine.context.RunContext`, and
+when it is *not* called.
 
-Phases and hooks (placement is part of the contract):
+In the order a run meets them:
 
-``pre_turn(ctx)`` — **PreTurn**, before each model call, in list order.
-    Read or rewrite ``ctx.messages`` (the context of this call; the
-    transcript itself is ``ctx.transcript``). Return ``None``. Raise
-    :class:`~fsm_agent.errors.StopRun` to end the run (PAUSED_BUDGET,
-    WAITING_HUMAN, CANCELLED, INTERRUPTED, FAILED_TERMINAL).
+* :meth:`Middleware.on_run_start`: once per run or resume, in list order;
+* :meth:`Middleware.pre_turn`: **PreTurn**, before each model call, in list order;
+* :meth:`Middleware.wrap_model_call`: **Model**, around each logical model call (first listed
+  outermost); :meth:`Middleware.on_model_event`: each streamed event of it, in list order;
+* :meth:`Middleware.on_tool_call`: **MidTurn**, each proposed tool call, in list order;
+  :meth:`Middleware.wrap_tool_call`: around each tool that runs (first listed outermost);
+* :meth:`Middleware.post_turn`: **PostTurn**, after each turn, in reverse list order;
+* :meth:`Middleware.on_run_end`: once per run or resume, in reverse list order.
 
-``wrap_model_call(request, call_next, ctx)`` — **Model**, around the provider
-    call, once per logical call and outside the provider's own retries
-    (those run once per HTTP attempt inside ``call_next``). First listed is
-    outermost. Return a :class:`~fsm_agent.types.MessageResponse` (usually
-    ``await call_next(request)``, possibly with a changed request or
-    response); raise a :class:`~fsm_agent.errors.ProviderError` to fail the
-    call; raise ``StopRun`` to end the run.
+Rules shared by every hook:
 
-``on_model_event(event, ctx)`` — **Model**, each stream event before
-    observers see it, in list order. Return the event (changed or not), or
-    ``None`` to hide it from observers. It cannot change the final response
-    (use ``wrap_model_call``).
-
-``on_tool_call(call, ctx)`` — **MidTurn**, once per proposed tool call,
-    before execution, in list order. Return ``None`` (no objection) or a
-    :class:`ToolDecision`: ``Allow()``, ``Deny(reason)`` (the model sees an
-    error result with the reason), ``AskApproval(reason)`` (the run stops in
-    WAITING_HUMAN with the call pending), ``Edit(arguments)`` (later
-    middleware and the tool see the new arguments, validated against the
-    schema), or ``Respond(result)`` (the call is answered without running
-    the tool). The first Deny / AskApproval / Respond wins.
-
-``wrap_tool_call(call, call_next, ctx)`` — **MidTurn**, around one tool's
-    execution; first listed is outermost. Return a
-    :class:`~fsm_agent.types.ToolResultMessage`.
-
-``post_turn(ctx)`` — **PostTurn**, after each turn, in reverse list order
-    ("after" hooks unwind). Return ``None`` (no opinion) or a
-    :class:`TurnDecision`: ``Continue(message=None)`` (go on; an optional
-    user message is appended, e.g. a verifier's feedback), ``Complete(evidence)``,
-    or raise ``StopRun``. The first decision returned wins; with none, the run
-    completes when the model ended its turn without tool calls and continues
-    otherwise.
-
-``on_run_start(ctx)`` / ``on_run_end(ctx, result)`` — once per run (and per
-    resume), in list / reverse order: set up and tear down run-scoped state
-    (``ctx.state(self)`` is a dict private to this middleware and this run).
-
-Failure policy: a hook that raises (anything but ``StopRun`` or a
-``ProviderError`` from ``wrap_model_call``) ends the run FAILED_TERMINAL when
-``failure_policy`` is ``"propagate"`` (fail closed, the default: a broken
-policy must not let actions through), or is logged and skipped when it is
-``"isolate"``.
+* **Stopping.** ``raise StopRun(reason, detail)`` ends the run with that
+  :class:`~fsm_agent.types.StopReason`, if the machine's table (:data:`fsm_agent.TRANSITIONS`)
+  allows it from the current phase; otherwise the run fails closed (FAILED_TERMINAL, the detail
+  saying which stop was refused). Each hook lists the reasons legal where it runs.
+* **Failure policy.** Any other exception is the middleware's failure: with ``failure_policy =
+  "propagate"`` (the default: fail closed) the run ends FAILED_TERMINAL naming the middleware
+  and hook; with ``"isolate"`` it is logged (logger ``fsm_agent.chain``) and the hook counts as
+  having passed through. A :class:`~fsm_agent.errors.ProviderError` is not a middleware failure:
+  see each hook for what it does.
+* **What a plugin writes.** ``ctx.messages`` and ``ctx.settings`` (in ``pre_turn``), its own
+  ``ctx.state(self)``, and observer events through ``ctx.emit``. Everything else on ``ctx`` is
+  read-only; the transcript is the driver's.
+* Hooks may be ``def`` or ``async def``, except ``wrap_*`` (always ``async def``) and
+  ``on_model_event`` (always ``def``): checked when the chain is built.
 """
 
 from __future__ import annotations
@@ -210,33 +186,265 @@ class Middleware:
     def middleware_name(self) -> str:
         return self.name or type(self).__name__
 
-    # PreTurn
-    def pre_turn(self, ctx: RunContext) -> Any:
+    # -- lifecycle ---------------------------------------------------------------------
+    def on_run_start(self, ctx: RunContext) -> Any:
+        """Set up run-scoped state: once per :meth:`Agent.run <fsm_agent.Agent.run>` and once per
+        :meth:`Agent.resume <fsm_agent.Agent.resume>` (a crashed session taken over included), in
+        list order, before the machine's first move of that run.
+
+        Returns:
+            Ignored.
+
+        Raises:
+            Nothing, by contract. This hook runs outside every phase, so a ``StopRun`` or a
+            failure here is not turned into a stop reason: it propagates out of ``run`` /
+            ``resume`` as an exception (the lease is released; with ``failure_policy="isolate"``
+            a failure is logged and skipped). Stop the run from ``pre_turn`` instead.
+
+        Reads and writes:
+            ``ctx`` is new for each run and resume, so ``ctx.state(self)`` starts empty: what must
+            survive a stop has to be rebuilt from ``ctx.transcript`` (as ``loop_detection`` does).
+            Messages and settings written here are replaced at the next PreTurn.
+        """
         return None
 
-    # Model
-    async def wrap_model_call(self, request: MessageRequest, call_next: ModelCallNext, ctx: RunContext) -> MessageResponse:
+    # -- PreTurn -----------------------------------------------------------------------
+    def pre_turn(self, ctx: RunContext) -> Any:
+        """Shape the next model call: **PreTurn**, before each model call, in list order.
+
+        By then the driver has handled queued control events (cancel, interrupt, steer), checked
+        the budgets, set ``ctx.messages`` to a fresh copy of the transcript and reset
+        ``ctx.settings`` (all tools offered, tools enabled, ``max_output_tokens`` at the runtime's
+        choice). It also runs again before the one retry after a context-length error
+        (``ctx.context_retry`` is then true: trim harder).
+
+        Returns:
+            Ignored (``None``).
+
+        Raises:
+            StopRun: legal reasons here: PAUSED_BUDGET, WAITING_HUMAN, INTERRUPTED, CANCELLED,
+                FAILED_TERMINAL (COMPLETED and FAILED_RETRYABLE fail closed). The run stops
+                before the model call; a resume starts at PreTurn again.
+            ProviderError: (from ``ctx.call_provider``, say) not covered by the failure policy:
+                the run ends FAILED_TERMINAL.
+
+        Reads and writes:
+            Write ``ctx.messages`` (the context of this call: trim, repair, redact, summarize;
+            the transcript itself stays as it is) and ``ctx.settings`` (``active_tools``,
+            ``tools_enabled``, ``max_output_tokens``); later middleware see what earlier ones
+            wrote. Everything else is read-only.
+
+        Not called:
+            when a control event or an exhausted budget stops the run first; on a resume that
+            goes straight back to the tool calls of a stopped turn (WAITING_HUMAN with decisions,
+            INTERRUPTED before the calls started, a crashed worker's MidTurn): those run first,
+            and ``pre_turn`` runs before the next model call.
+        """
+        return None
+
+    # -- Model -------------------------------------------------------------------------
+    async def wrap_model_call(self, request: MessageRequest, call_next: ModelCallNext, ctx: RunContext
+                              ) -> MessageResponse:
+        """Wrap the model call: **Model**, around each logical model call; the first listed is
+        the outermost layer.
+
+        Once per logical call, *outside* the provider's own retries (those run per HTTP attempt
+        inside ``call_next``), and inside the wall-clock budget (the whole chain is cut when it
+        runs out: PAUSED_BUDGET). ``ctx.turn`` already counts this call. The one retry after a
+        context-length error is a new logical call (PreTurn runs again first). A layer may call
+        ``call_next`` more than once (a retry or fallback plugin); the layers inside it then run
+        once per call.
+
+        Args:
+            request: the request built from ``ctx.messages`` and ``ctx.settings``; change it with
+                ``attrs.evolve`` before passing it on (writing ``ctx.messages`` now changes
+                nothing sent).
+            call_next: ``await call_next(request)`` runs the inner layers and the provider call
+                (streamed events then pass :meth:`on_model_event` and the observers).
+
+        Returns:
+            The :class:`~fsm_agent.types.MessageResponse` the turn goes on with: usually
+            ``await call_next(request)``, possibly changed, or one made without calling the
+            provider (a cache).
+
+        Raises:
+            ProviderError: fails the call as the provider's own error would: a context-length
+                error gets the one re-trim and retry, a retryable one ends FAILED_RETRYABLE, any
+                other FAILED_TERMINAL. Errors from ``call_next`` may be caught and handled.
+            StopRun: legal reasons here: PAUSED_BUDGET, INTERRUPTED, CANCELLED, FAILED_RETRYABLE,
+                FAILED_TERMINAL (WAITING_HUMAN and COMPLETED fail closed). The response, if any,
+                is not kept.
+
+        With ``failure_policy="isolate"``, a failure before ``call_next`` is logged and the call
+        passes through to the inner layers; one after it ends the run FAILED_TERMINAL.
+
+        Not called:
+            for calls made with ``ctx.call_provider`` (a grader's, a summarizer's): those go
+            straight to the provider.
+        """
         return await call_next(request)
 
     def on_model_event(self, event: StreamEvent, ctx: RunContext) -> StreamEvent | None:
+        """Filter the stream: **Model**, each event of a streamed model call, in list order,
+        before the observers see it (always a plain ``def``: it is on the hot path).
+
+        Called for every streamed call through the runtime: the Model phase's (each time a
+        ``wrap_model_call`` layer calls ``call_next``) and those made with ``ctx.call_provider``.
+
+        Returns:
+            The event to pass on (the same or a changed one), or ``None`` to hide it from the
+            middleware after this one and from the observers. What the model answered is not
+            changed by this hook (the final response is taken before it): use
+            :meth:`wrap_model_call` for that.
+
+        Raises:
+            Nothing, by contract. Every exception here, ``StopRun`` included, is a failure of this
+            middleware: with ``"propagate"`` the call and the run end FAILED_TERMINAL; with
+            ``"isolate"`` the event goes on unchanged.
+
+        Reads and writes:
+            Read ``ctx``; write only ``ctx.state(self)``.
+
+        Not called:
+            for calls that are not streamed (``RunConfig.stream`` false, or a provider without
+            streaming); for the events of a call a ``wrap_model_call`` layer answered itself.
+        """
         return event
 
-    # MidTurn
+    # -- MidTurn -----------------------------------------------------------------------
     def on_tool_call(self, call: ToolUseBlock, ctx: RunContext) -> ToolDecision | None:
+        """Decide on a tool call: **MidTurn**, once per proposed call, before any call of the turn
+        runs, in list order.
+
+        Returns:
+            ``None`` or ``Allow()``: no objection (the next middleware is asked);
+            ``Edit(arguments)``: the next middleware and the tool see the new arguments
+            (validated against the tool's schema before it runs);
+            ``Deny(reason)``: the tool does not run, the model gets an error result naming this
+            middleware and the reason (ledger ``rejected``);
+            ``Respond(result)``: the tool does not run, the model gets ``result`` (ledger
+            ``responded``);
+            ``AskApproval(reason)``: the call waits for a person; the run stops WAITING_HUMAN
+            (after ``RunConfig.approval_timeout`` seconds of waiting in process, if set) and
+            nothing of this turn runs until a resume brings decisions.
+            The first Deny, Respond or AskApproval ends the round: later middleware are not asked.
+
+        Raises:
+            StopRun: legal reasons here: WAITING_HUMAN, INTERRUPTED, CANCELLED, FAILED_TERMINAL
+                (PAUSED_BUDGET, COMPLETED and FAILED_RETRYABLE fail closed). Every call of the turn
+                that has no result yet is then closed with a "not run" result. To have a person
+                decide on one call, return ``AskApproval`` instead.
+            ProviderError: not covered by the failure policy: the run ends FAILED_TERMINAL.
+
+        Reads and writes:
+            Read ``ctx`` (``ctx.tool_call_counts`` does not count this turn's calls yet); write
+            only ``ctx.state(self)``. Decide from the call and ``ctx``: it may be asked again.
+
+        Not called:
+            for a call the ledger already closed (its recorded result is used, the tool never
+            runs twice); for a call whose worker died while it ran (its tool's ``on_reconcile``
+            or a person settles it, or a pure or idempotent tool runs again); for a call a person
+            decided on at resume (approve, edit, reject, respond). It *is* called again on a
+            resume for a call still waiting without a decision, and for the calls this
+            middleware allowed in a turn that then stopped to wait for a person.
+        """
         return None
 
-    async def wrap_tool_call(self, call: ToolUseBlock, call_next: ToolCallNext, ctx: RunContext) -> ToolResultMessage:
+    async def wrap_tool_call(self, call: ToolUseBlock, call_next: ToolCallNext, ctx: RunContext
+                             ) -> ToolResultMessage:
+        """Wrap a tool's execution: **MidTurn**, around each call that runs; the first listed is
+        the outermost layer.
+
+        The calls of one turn run concurrently, each in its own task (``call_next`` stays in the
+        caller's task); their ledger entries say ``started`` before any of them starts. The tool's
+        timeout applies inside ``call_next``; a tool's exception comes back as an error result,
+        not as an exception.
+
+        Args:
+            call: the call as decided (edited arguments included).
+            call_next: ``await call_next(call)`` runs the inner layers and the tool.
+
+        Returns:
+            The :class:`~fsm_agent.types.ToolResultMessage` the model gets (usually
+            ``await call_next(call)``, possibly changed); an error result is recorded ``failed``,
+            any other ``completed``.
+
+        Raises:
+            StopRun: legal reasons here: WAITING_HUMAN, INTERRUPTED, CANCELLED, FAILED_TERMINAL
+                (others fail closed). The turn's other calls are cancelled; every call gets its
+                result: the real one if it finished, "outcome unknown" if it was cut while
+                running.
+            ProviderError: not covered by the failure policy: the run ends FAILED_TERMINAL.
+
+        With ``failure_policy="isolate"``, a failure before ``call_next`` is logged and the call
+        passes through to the inner layers; one after it (the tool may have run) ends the run
+        FAILED_TERMINAL.
+
+        Reads and writes:
+            Read ``ctx``; write only ``ctx.state(self)`` (shared by the concurrent calls).
+
+        Not called:
+            for calls that do not run: denied or answered by ``on_tool_call``, rejected or
+            answered by a person, waiting for approval, closed by the ledger, or settled by their
+            tool's ``on_reconcile``.
+        """
         return await call_next(call)
 
-    # PostTurn
+    # -- PostTurn ----------------------------------------------------------------------
     def post_turn(self, ctx: RunContext) -> TurnDecision | None:
+        """Judge the turn: **PostTurn**, after every turn that got this far (a turn with tool
+        calls included: their results are in the transcript), in reverse list order.
+
+        With an output schema, the answer is checked first (a mismatch gets one repair turn).
+
+        Returns:
+            ``None``: no opinion (the next middleware is asked); with none at all, the run
+            completes when the model ended its turn without tool calls and goes on otherwise.
+            ``Continue(message=None, reason)``: another turn (``message``, e.g. a verifier's
+            feedback, is appended to the transcript first).
+            ``Complete(evidence, detail)``: the run ends COMPLETED with ``evidence`` in the stop
+            (unless the user queued a followup: it runs first).
+            The first decision wins: middleware listed earlier are not asked.
+
+        Raises:
+            StopRun: legal reasons here: COMPLETED, WAITING_HUMAN, INTERRUPTED, CANCELLED,
+                FAILED_TERMINAL (PAUSED_BUDGET and FAILED_RETRYABLE fail closed: check budgets in
+                ``pre_turn``).
+            ProviderError: (a grader's call through ``ctx.call_provider``) not covered by the
+                failure policy: the run ends FAILED_TERMINAL.
+
+        Reads and writes:
+            Read ``ctx`` (``ctx.last_response``, ``ctx.transcript``); make model calls with
+            ``ctx.call_provider(..., account=True)``; write only ``ctx.state(self)``.
+
+        Not called:
+            when the run stopped earlier in the turn (in Model or MidTurn, or waiting for a
+            person); when the answer broke the output schema (repair turn or stop); before the
+            retry after a context-length error.
+        """
         return None
 
-    # lifecycle
-    def on_run_start(self, ctx: RunContext) -> Any:
-        return None
-
+    # -- lifecycle, the end ------------------------------------------------------------
     def on_run_end(self, ctx: RunContext, result: RunResult) -> Any:
+        """Tear down: once per run or resume, after the run reached its stop (and it was recorded,
+        unless the store failed), in reverse list order, with the
+        :class:`~fsm_agent.types.RunResult`.
+
+        Returns:
+            Ignored.
+
+        Raises:
+            Nothing that matters: the run has ended; a failure or a ``StopRun`` is logged and the
+            result stands.
+
+        Reads and writes:
+            Read ``ctx`` and ``result``; events queued with ``ctx.emit`` are still delivered.
+
+        Not called:
+            when the task running ``run`` / ``resume`` was cancelled (INTERRUPTED is recorded and
+            ``CancelledError`` goes on), when another worker took the session's lease, or when
+            :meth:`on_run_start` raised.
+        """
         return None
 
     def __repr__(self) -> str:

@@ -36,7 +36,8 @@ __all__ = ["CallProvider", "RunConfig", "RunContext", "TurnSettings"]
 
 class CallProvider(Protocol):
     """``await ctx.call_provider(request, provider=None, *, account=False)``: one model call through
-    the runtime's streaming path (observers see the deltas).
+    the runtime's streaming path (``on_model_event`` and the observers see the deltas). It does not
+    go through the ``wrap_model_call`` layers.
 
     Args:
         request: the request to send.
@@ -74,10 +75,12 @@ class RunContext:
         """The conversation of record (append-only; the driver appends). Read, never write."""
         self._run = run if run is not None else RunState()
         self.machine = machine if machine is not None else MachineState(state_named(self._run.state))
+        """The machine: read ``machine.state`` (or :attr:`state_name`); only the driver moves it."""
         self.messages: list[Message] = []
-        """The context of the current model call; PreTurn middleware may rewrite it."""
+        """The context of the current model call: a fresh copy of the transcript at each PreTurn,
+        which ``pre_turn`` middleware may rewrite (later writes change nothing already sent)."""
         self.settings = TurnSettings()
-        """Settings of the next model call; PreTurn middleware may change them."""
+        """Settings of the next model call, reset at each PreTurn; ``pre_turn`` middleware may change them."""
         self.started_at = time.monotonic()
         """``time.monotonic()`` at the start of this run (or resume)."""
         self._states: dict[str, dict[str, Any]] = {}
@@ -87,7 +90,10 @@ class RunContext:
 
     # -- the plugin's own data ------------------------------------------------------------
     def state(self, middleware: Any) -> dict[str, Any]:
-        """A dict private to ``middleware`` for this run (created empty on first use)."""
+        """A dict private to ``middleware`` for this run (created empty on first use).
+
+        It lives as long as this context: one run or one resume. Nothing in it is checkpointed, so
+        what must survive a stop is rebuilt from :attr:`transcript`."""
         key = getattr(middleware, "middleware_name", None) or str(middleware)
         return self._states.setdefault(key, {})
 
