@@ -312,6 +312,9 @@ class Agent:
         state.goal_version = max(state.goal_version, rec.goal_version)
         ctx = self.new_context(loaded.transcript, session_id=session_id, state=state)
         journal = Journal(self.store, session_id, rec.last_seq + 1, self.worker_id)
+        # what this resume was given, so that a replay of the log (fsm_agent.testing.trajectory) resumes alike
+        journal.record("resume", {"decisions": {k: unstructure(v) for k, v in (decisions or {}).items()},
+                                  "limits": unstructure(dict(limits)), "confirm_cancel": confirm_cancel})
         for stale in await self.store.take_controls(session_id, [ControlKind.INTERRUPT]):
             # an interrupt meant for an earlier run must not stop this one
             journal.record("control_dropped", {"kind": stale.kind.value, "text": stale.text,

@@ -386,7 +386,7 @@ async def _resume(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
 
 async def _sessions(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    from .store.sessions import load_session
+    from .store.sessions import load_session, read_turns
     from .types.codec import unstructure
 
     store = open_store(args.store, create=False)
@@ -406,6 +406,11 @@ async def _sessions(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         if loaded is None:
             err.write(f"fsm-agent: unknown session {args.session_id!r}\n")
             return 2
+        if args.turns:
+            turns = await read_turns(store, args.session_id)
+            for t in turns:
+                out.write((orjson.dumps(unstructure(t)).decode() if args.json else _turn_line(t)) + "\n")
+            return 0
         events = await store.read_events(args.session_id)
         if args.events:
             for e in events:
@@ -431,6 +436,38 @@ async def _sessions(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         return 0
     finally:
         await store.close()
+
+
+def _turn_line(t: Any) -> str:
+    """One human-readable line for a :class:`~fsm_agent.types.TurnRecord`."""
+    parts = [f"turn {t.turn}" + (" (resumed)" if t.resumed else "") + ":"]
+    if t.input_seq is not None:
+        parts.append(f"input #{t.input_seq}")
+    if t.context is not None:
+        parts.append(f"context {t.context.hash[:12]} ({t.context.messages} messages, up to #{t.context.seq})")
+    mc = t.model_call
+    if mc:
+        usage = mc.get("usage") or {}
+        tokens = f", {usage.get('input_tokens', 0)}+{usage.get('output_tokens', 0)} tokens" if usage else ""
+        cost = f", ${mc['cost_usd']:.6f}" if mc.get("cost_usd") is not None else ""
+        parts.append(f"model {mc.get('model') or '?'} {mc.get('stop_reason')}{tokens}{cost}")
+    elif t.context is not None:
+        parts.append("model call did not finish")
+    final: dict[str, Any] = {}
+    for o in t.observations:  # the last ledger status of each call
+        final[o["call_id"]] = o
+    calls = []
+    for cid in t.tool_calls:
+        o = final.get(cid)
+        calls.append(f"{cid} {o['tool']} {o['status']}{' (error)' if o.get('is_error') else ''}" if o else
+                     f"{cid} (no result)")
+    if calls:
+        parts.append("tools: " + ", ".join(calls))
+    if t.verification:
+        parts.append(f"verification: {t.verification}")
+    if t.stop_reason:
+        parts.append(f"stop: {t.stop_reason}")
+    return " ".join(parts[:1]) + " " + "; ".join(parts[1:]) if len(parts) > 1 else parts[0]
 
 
 async def _control(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
@@ -580,6 +617,9 @@ def _build_parser() -> argparse.ArgumentParser:
     sh = ss.add_parser("show")
     sh.add_argument("session_id")
     sh.add_argument("--events", action="store_true", help="print the event log as JSON lines")
+    sh.add_argument("--turns", action="store_true",
+                    help="print one line per turn (input, context hash, model call, tool calls, verification, "
+                         "stop); with --json, one JSON object per turn")
     sh.add_argument("--json", action="store_true")
     _common(sh)
 

@@ -139,6 +139,8 @@ class Driver:
         self._streamed: list[str] = []
         """Text deltas of the model call in flight."""
         self._last_message_seq: int | None = None
+        self._transition_seq: int | None = None
+        """Seq of the last ``transition`` event (the input of a turn resumed in MidTurn)."""
         self._turn: dict[str, Any] | None = None
         """The current turn's record, filled as the turn goes (written as a ``turn`` event at its end)."""
         self._warned_tools = False
@@ -168,8 +170,8 @@ class Driver:
         after = ctx.machine.fire(trigger)
         j = self.journal
         if j is not None:
-            j.record("transition", {"from": before.value, "trigger": trigger.value, "to": after.value,
-                                    "reason": reason}, run.turn)
+            self._transition_seq = j.record("transition", {"from": before.value, "trigger": trigger.value,
+                                                           "to": after.value, "reason": reason}, run.turn)
             if after is Phase.PRE_TURN or (after is Phase.MID_TURN and not self.midturn.all_pure(run.pending_calls)):
                 # A MidTurn checkpoint pins the model's tool calls before any of them runs; when every
                 # call is pure, a crash can only make the model answer again, so it rides the next commit.
@@ -240,8 +242,33 @@ class Driver:
             verification, self._verdict = self._verdict, None
         turn = TurnRecord(rec["turn"], rec.get("input_seq"), rec.get("context"), rec.get("model_call"),
                           tuple(rec.get("tool_calls", ())), tuple(rec.get("observations", ())),
-                          verification, stop_reason)
+                          verification, stop_reason, rec.get("resumed", False))
         j.record("turn", {"turn": unstructure(turn)}, turn.turn)
+
+    async def _find_input_seq(self) -> None:
+        """The seq of the session's last message, for the input of this run's first turn: the initial
+        messages were journaled before the driver ran, and a resumed run appended none yet."""
+        j = self.journal
+        if j is None or self._last_message_seq is not None:
+            return
+        buffered = [e.seq for e in j.buffer if e.type == "message"]
+        if buffered:
+            self._last_message_seq = buffered[-1]
+            return
+        try:
+            found = await j.store.read_events(self.ctx.session_id, 0, None, types=("message",))
+        except StoreError:  # only the turn record's input_seq is lost
+            return
+        if found:
+            self._last_message_seq = found[-1].seq
+
+    def _resume_turn(self) -> None:
+        """A run resumed in MidTurn finishes a turn whose record was written when it stopped: the rest
+        of that turn (its tool calls, observations, verification) gets a ``resumed`` record."""
+        if self.journal is None or not self.run_state.pending_calls:
+            return
+        self._turn = {"turn": self.run_state.turn, "input_seq": self._transition_seq, "resumed": True,
+                      "tool_calls": [c.id for c in self.run_state.pending_calls]}
 
     def _observe(self, call: ToolUseBlock, status: LedgerStatus, result: ToolResultMessage | None) -> None:
         if self._turn is not None:
@@ -259,8 +286,11 @@ class Driver:
         try:
             try:
                 await self.chain.run_start(ctx)
+                await self._find_input_seq()
                 if first is not None:
                     await self._fire(first, reason)
+                if ctx.machine.state is Phase.MID_TURN:
+                    self._resume_turn()
                 while not ctx.machine.is_terminal:
                     await self._flush_outbox()
                     await self._apply(await self._phase(ctx.machine.state))

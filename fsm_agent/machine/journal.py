@@ -9,7 +9,8 @@ through the one converter.
 Event types written (payload keys): ``session_started`` (goal, config), ``transition`` (from,
 trigger, to, reason), ``message`` (message), ``model_call`` (model, provider, stop_reason,
 raw_stop_reason, usage, cost_usd, context), ``tool_call`` (call_id, tool, status), ``control``
-(kind, text, control_id), ``control_dropped``, ``recovered`` (state, checkpoint_id, reason),
+(kind, text, control_id), ``control_dropped``, ``resume`` (decisions, limits, confirm_cancel: what a
+resume was given), ``recovered`` (state, checkpoint_id, reason),
 ``turn`` (a :class:`~fsm_agent.types.run.TurnRecord`), ``run_stopped`` (stop), plus the observer
 events middleware queue (``budget_warning`` ...).
 """

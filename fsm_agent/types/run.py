@@ -157,3 +157,6 @@ class TurnRecord:
     """What PostTurn decided and who decided it (a verifier's verdict), or ``None``."""
     stop_reason: str | None = None
     """The run's StopReason when this turn ended the run, else ``None``."""
+    resumed: bool = False
+    """True for the rest of a turn that ran after a resume in MidTurn (the turn's first record, with
+    its context and model call, was written when the run stopped)."""

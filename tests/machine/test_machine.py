@@ -27,9 +27,6 @@ from fsm_agent.pricing import Price, register_price
 from fsm_agent.providers import text_response, tool_call_response
 from fsm_agent.types import AssistantMessage, MessageResponse, ModelStopReason, TextBlock, Usage
 
-SEEN: set[tuple[str, str, str]] = set()
-
-
 @tool
 def echo(text: str) -> str:
     """Echo the text back."""
@@ -46,7 +43,6 @@ def agent(script: list[Any], *, middleware: tuple[Middleware, ...] = (), recorde
 async def run(script: list[Any], **kw: Any) -> tuple[Any, Recorder]:
     rec = Recorder()
     result = await agent(script, recorder=rec, **kw).run("go")
-    SEEN.update(rec.transitions())
     return result, rec
 
 
@@ -105,7 +101,6 @@ async def test_wall_clock_budget_pauses_after_the_time() -> None:
     provider = ScriptedProvider(script, delay=0.3)
     result = await Agent(provider, tools=[echo], observers=[rec],
                          config=RunConfig(max_wall_clock=0.75)).run("go")
-    SEEN.update(rec.transitions())
     assert result.stop.reason is StopReason.PAUSED_BUDGET
     assert result.stop.budget == "wall_clock"
     # 0.3 s per call: 0.6 s after two calls (under 0.75 s, with 0.15 s to spare for the runtime),
@@ -113,6 +108,15 @@ async def test_wall_clock_budget_pauses_after_the_time() -> None:
     assert result.turns == 3
     assert result.duration_s >= 0.75
     assert "wall-clock budget exhausted" in result.stop.detail
+
+
+async def test_wall_clock_running_out_during_the_model_call_pauses_in_model() -> None:
+    rec = Recorder()
+    result = await Agent(ScriptedProvider(["too late"], delay=5.0), observers=[rec],
+                         config=RunConfig(max_wall_clock=0.2)).run("go")
+    assert result.stop.reason is StopReason.PAUSED_BUDGET and result.stop.budget == "wall_clock"
+    assert rec.transitions()[-1] == ("Model", "pause_budget", "PAUSED_BUDGET")
+    assert "during the model call" in result.stop.detail and result.duration_s < 2.0
 
 
 async def test_token_budget_counts_input_and_output() -> None:
@@ -304,7 +308,6 @@ async def test_cancelling_the_task_records_interrupted() -> None:
     with pytest.raises(asyncio.CancelledError):
         await task
     assert rec.transitions()[-1] == ("Model", "interrupt", "INTERRUPTED")
-    SEEN.update(rec.transitions())
 
 
 @pytest.mark.parametrize("terminal", [StopReason.WAITING_HUMAN, StopReason.PAUSED_BUDGET,
@@ -315,7 +318,6 @@ async def test_resume_rows_from_resumable_terminals(terminal: StopReason) -> Non
     ctx = a.new_context([])
     ctx.machine = MachineState(terminal)
     result = await a.driver(ctx).run(Trigger.RESUME, "resume")
-    SEEN.update(rec.transitions())
     assert rec.transitions()[0] == (terminal.value, "resume", "PreTurn")
     assert result.stop.reason is StopReason.COMPLETED
 
@@ -328,16 +330,65 @@ async def test_resume_tools_rows(terminal: StopReason) -> None:
     ctx = a.new_context([pending.message], state=RunState(pending_calls=list(pending.tool_calls)))
     ctx.machine = MachineState(terminal)
     result = await a.driver(ctx).run(Trigger.RESUME_TOOLS, "resume tools")
-    SEEN.update(rec.transitions())
     assert rec.transitions()[:2] == [(terminal.value, "resume_tools", "MidTurn"), ("MidTurn", "tools_done", "PostTurn")]
     assert result.messages[-2].text == "resumed"  # the tool ran
     assert result.stop.reason is StopReason.COMPLETED
 
 
-def test_zz_every_row_of_the_table_was_exercised() -> None:
+async def _resumed(terminal: StopReason, trigger: Trigger) -> list[tuple[str, str, str]]:
+    """A context left in ``terminal`` driven on with ``trigger`` (a pending tool call for RESUME_TOOLS)."""
+    rec = Recorder()
+    a = agent(["resumed answer"], recorder=rec)
+    pending = tool_call_response(("echo", {"text": "resumed"}))
+    if trigger is Trigger.RESUME_TOOLS:
+        ctx = a.new_context([pending.message], state=RunState(pending_calls=list(pending.tool_calls)))
+    else:
+        ctx = a.new_context([])
+    ctx.machine = MachineState(terminal)
+    await a.driver(ctx).run(trigger, "resume")
+    return rec.transitions()
+
+
+async def _scenario_transitions() -> set[tuple[str, str, str]]:
+    """Drive one real run per kind of path and collect every transition they take."""
+    echo_call = lambda: tool_call_response(("echo", {"text": "x"}))  # noqa: E731
+    runs: list[tuple[list[Any], dict[str, Any]]] = [
+        (["hello"], {}),                                            # start, call_model, model_done, complete
+        ([echo_call(), "done"], {}),                                # tool_use, tools_done, next_turn
+        ([echo_call()] * 3, {"max_iterations": 1}),                 # PreTurn pause_budget
+        (["x"], {"middleware": (_PreTurnStop(StopReason.WAITING_HUMAN),)}),
+        ([ContextLengthExceededError("too long", provider="scripted"), "fits now"], {}),
+        ([InvalidRequestError("bad", provider="scripted", status=400)], {}),
+        ([ServerError("upstream 500", provider="scripted", status=500)], {}),
+        ([echo_call()], {"middleware": (_Approve(),)}),
+        (["x"], {"middleware": (_PostTurnHuman(),)}),
+        *(([echo_call(), "done"], {"middleware": (_Broken(hook),)}) for hook in ("pre_turn", "on_tool_call", "post_turn")),
+        *(([echo_call(), "done"], {"middleware": (_StopIn(phase, reason),)})
+          for phase in ("PreTurn", "Model", "MidTurn", "PostTurn")
+          for reason in (StopReason.INTERRUPTED, StopReason.CANCELLED)),
+    ]
+    seen: set[tuple[str, str, str]] = set()
+    for script, kw in runs:
+        _, rec = await run(script, **kw)
+        seen.update(rec.transitions())
+    rec = Recorder()  # the wall clock runs out while the model call is in flight
+    await Agent(ScriptedProvider(["too late"], delay=5.0), observers=[rec], config=RunConfig(max_wall_clock=0.1)).run("go")
+    seen.update(rec.transitions())
+    for terminal in (StopReason.WAITING_HUMAN, StopReason.PAUSED_BUDGET, StopReason.INTERRUPTED,
+                     StopReason.FAILED_RETRYABLE):
+        seen.update(await _resumed(terminal, Trigger.RESUME))
+    for terminal in (StopReason.WAITING_HUMAN, StopReason.INTERRUPTED):
+        seen.update(await _resumed(terminal, Trigger.RESUME_TOOLS))
+    return seen
+
+
+async def test_every_row_of_the_table_is_exercised_by_a_real_run() -> None:
+    """Self-contained: drives its own scenarios (no state left by other tests), fails for a row none takes."""
     rows = {(t.source.value, t.trigger.value, t.dest.value) for t in TRANSITIONS}
-    missing = rows - SEEN
-    assert not missing, f"rows no test exercised: {sorted(missing)}"
+    seen = await _scenario_transitions()
+    assert not seen - rows, f"transitions outside the table: {sorted(seen - rows)}"
+    missing = rows - seen
+    assert not missing, f"rows no scenario exercised: {sorted(missing)}"
 
 
 class _Boom:
