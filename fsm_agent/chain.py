@@ -251,6 +251,8 @@ class MiddlewareChain:
         for h in self._events:
             try:
                 out = h.fn(out, ctx)
+            except Signal:  # StopRun from on_model_event ends the run as from any other hook
+                raise
             except Exception as exc:
                 if h.isolate:
                     log.exception("middleware %r failed in on_model_event; isolated", h.name)

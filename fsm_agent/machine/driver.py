@@ -353,6 +353,9 @@ class Driver:
             return await coro
         task = asyncio.ensure_future(coro)
         self._phase_task = task
+        if self._local_interrupt is not None:  # a signal landed between phases: this phase does not start
+            self._control_hit = True
+            task.cancel()
         try:
             return await task
         except asyncio.CancelledError:
@@ -491,7 +494,7 @@ class Driver:
         """The INTERRUPTED stop of an interrupted Model or MidTurn phase (streamed text kept; calls
         closed, or left pending when none had started)."""
         during = self.ctx.machine.state
-        if during is Phase.MODEL:
+        if during is Phase.MODEL and not self._answered_with_calls():
             kept = self._keep_interrupted_answer()
             return Stop(StopReason.INTERRUPTED, f"{text} (during Model{kept})")
         pending = await self._close_open_calls(keep_unstarted=True)
@@ -500,6 +503,13 @@ class Driver:
                         {"pending_actions": tuple(PendingAction(c, "interrupted") for c in pending),
                          "last_safe_point": Phase.MID_TURN.value})
         return Stop(StopReason.INTERRUPTED, f"{text} (during {during.value})")
+
+    def _answered_with_calls(self) -> bool:
+        """In Model: the call completed and its answer with tool calls is recorded (a stop landed just
+        as it returned); those calls are open like MidTurn's before any started."""
+        run, transcript = self.run_state, self.ctx.transcript
+        return (self._request is None and bool(run.pending_calls) and run.last_response is not None
+                and bool(transcript) and transcript[-1] is run.last_response.message)
 
     async def _stopped_from_outside(self, text: str) -> None:
         """``Task.cancel()`` on the run: record INTERRUPTED as an Interrupt would."""
@@ -512,9 +522,10 @@ class Driver:
         partial = "".join(self._streamed)
         self._streamed = []
         request = self._request
-        if request is not None:
-            run.usage = run.usage + Usage(count_message_tokens(request.messages), count_tokens(partial), estimated=True)
-            self._request = None
+        if request is None:  # no call in flight: it completed (its answer is recorded) or never began
+            return ""
+        run.usage = run.usage + Usage(count_message_tokens(request.messages), count_tokens(partial), estimated=True)
+        self._request = None
         if self.journal is not None:
             self.journal.record("model_call_interrupted", {"streamed_chars": len(partial)}, run.turn)
         if not partial:
@@ -527,7 +538,7 @@ class Driver:
         ran, "outcome unknown" if it was in flight, "not run" if it never started. With
         ``keep_unstarted`` and no call started, the calls stay pending (returned) to run on resume."""
         run = self.run_state
-        if self.ctx.machine.state is not Phase.MID_TURN or not run.pending_calls:
+        if not run.pending_calls or (self.ctx.machine.state is not Phase.MID_TURN and not self._answered_with_calls()):
             return []
         answered: set[str] = set()
         for m in reversed(self.ctx.transcript):
@@ -618,12 +629,28 @@ class Driver:
         hit = self.budget_exceeded()
         if hit is not None:
             return Stop(StopReason.PAUSED_BUDGET, hit[1], {"budget": hit[0]})
+        self._no_prefill()
         ctx.messages = list(ctx.transcript)
         ctx.settings.active_tools = None
         ctx.settings.tools_enabled = True
         ctx.settings.max_output_tokens = run.max_output_override
         await self.chain.pre_turn(ctx)
         return Move(Trigger.CALL_MODEL, f"turn {run.turn + 1}: context of {len(ctx.messages)} messages built")
+
+    def _no_prefill(self) -> None:
+        """A history that ends with a plain assistant answer (one cut by an interrupt or the wall
+        clock, or a turn continued without a message) would be sent as a prefill, which OpenAI-style
+        APIs refuse with HTTP 400: ask the model to go on in a user message instead. A paused turn
+        (``pause_turn``) is continued as it is."""
+        last = self.ctx.transcript[-1] if self.ctx.transcript else None
+        if not isinstance(last, AssistantMessage) or last.tool_calls:
+            return
+        resp = self.run_state.last_response
+        cut = bool((last.provider_data or {}).get("interrupted"))
+        if not cut and resp is not None and resp.stop_reason is ModelStopReason.PAUSE_TURN:
+            return
+        self._append(UserMessage("Your previous answer was cut off before it finished; continue from where it "
+                                 "stopped." if cut else "Continue."))
 
     # -- Model ---------------------------------------------------------------------------
     def build_request(self) -> MessageRequest:

@@ -263,9 +263,11 @@ class MidTurn:
         d = self.d
         for c in to_run:
             await self.ledger(c, LedgerStatus.STARTED, durable=False)
-            self.started_ids.add(c.id)
         if d.journal is not None and any(self.effect(c) is not ToolEffect.PURE for c in to_run):
             await d.journal.flush()
+        # Only now can a tool begin: a stop that lands during the write above finds them not run
+        # (a later ``not_run`` entry supersedes a ``started`` that did reach the store).
+        self.started_ids.update(c.id for c in to_run)
         tasks = [asyncio.ensure_future(self._run_tool(c)) for c in to_run]
         try:
             for r in await asyncio.gather(*tasks):

@@ -1,0 +1,210 @@
+"""A strict scripted OpenAI-compatible server: answers from a script, and refuses (HTTP 400, an
+OpenAI-shaped error) every request whose ``messages`` break the Chat Completions wire rules.
+
+Real providers reject a history with an unpaired tool call; a lenient fake would hide the bug.
+Point any OpenAI-compatible provider at it (``create_provider("openai", ProviderConfig(base_url=
+server.base_url, api_key="x", model="m"))``) and check ``server.rejected`` afterwards.
+
+Rules checked on every request (the first broken one is named in the 400's message):
+
+* the conversation is not empty and does not end with an ``assistant`` message (no prefill);
+* every ``assistant`` tool call is answered by exactly one ``tool`` message, and those answers
+  come straight after it, before the next ``assistant`` or ``user`` message;
+* every ``tool`` message answers a call of the ``assistant`` message just before its group;
+* no tool-call id appears twice in the conversation.
+
+The script: a list of :class:`Reply`, chosen by the number of ``assistant`` messages in the
+request (reply ``k`` answers the request that already holds ``k`` assistant turns, the last
+reply repeats), so a run that is killed, cancelled or resumed gets the same answer for the same
+conversation; or a callable ``(messages) -> Reply``. Streamed requests (``"stream": true``) get
+SSE, with the text split into ``pieces`` sent ``chunk_delay`` seconds apart.
+
+    server = StrictServer([calls(("call_1", "add", {"a": 1, "b": 2})), text("3")])
+    base_url = await server.start()
+    ...
+    assert server.rejected == [] and server.accepted == 2
+    await server.close()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import orjson
+from aiohttp import web
+from attrs import define, field, frozen
+
+__all__ = ["Reply", "StrictServer", "calls", "text", "wire_violation"]
+
+
+@frozen
+class Reply:
+    """One scripted answer."""
+
+    text: str = ""
+    tool_calls: tuple[tuple[str, str, dict[str, Any]], ...] = ()
+    """``(id, name, arguments)`` of each tool call."""
+    delay: float = 0.0
+    """Seconds before the response starts."""
+    pieces: int = 1
+    """Streamed: the text is sent in this many deltas."""
+    chunk_delay: float = 0.0
+    """Streamed: seconds between deltas."""
+
+
+def text(value: str, **kw: Any) -> Reply:
+    """A plain answer (finish reason ``stop``)."""
+    return Reply(text=value, **kw)
+
+
+def calls(*tool_calls: tuple[str, str, dict[str, Any]], **kw: Any) -> Reply:
+    """An answer with tool calls (finish reason ``tool_calls``)."""
+    return Reply(tool_calls=tuple(tool_calls), **kw)
+
+
+def wire_violation(messages: Any) -> str | None:
+    """The first Chat Completions rule ``messages`` breaks, in words, or ``None`` when it is valid."""
+    if not isinstance(messages, list) or not messages:
+        return "messages must be a non-empty array"
+    seen_ids: set[str] = set()
+    open_ids: list[str] = []  # calls of the last assistant turn still waiting for their result
+    answered: set[str] = set()
+    for i, m in enumerate(messages):
+        role = m.get("role") if isinstance(m, dict) else None
+        if role == "tool":
+            cid = m.get("tool_call_id")
+            if cid not in open_ids:
+                return (f"messages[{i}]: a message with role 'tool' must be a response to a preceding message "
+                        f"with 'tool_calls' (tool_call_id {cid!r} has no open call)")
+            if cid in answered:
+                return f"messages[{i}]: tool_call_id {cid!r} is answered twice"
+            answered.add(cid)
+            continue
+        missing = [c for c in open_ids if c not in answered]
+        if missing:
+            return (f"messages[{i}]: an assistant message with 'tool_calls' must be followed by tool messages "
+                    f"responding to each 'tool_call_id'; missing: {', '.join(missing)}")
+        open_ids, answered = [], set()
+        if role == "assistant":
+            for tc in m.get("tool_calls") or ():
+                cid = tc.get("id")
+                if not cid:
+                    return f"messages[{i}]: a tool call without an id"
+                if cid in seen_ids:
+                    return f"messages[{i}]: duplicate tool call id {cid!r}"
+                seen_ids.add(cid)
+                open_ids.append(cid)
+        elif role not in ("system", "developer", "user"):
+            return f"messages[{i}]: unknown role {role!r}"
+    missing = [c for c in open_ids if c not in answered]
+    if missing:
+        return ("the conversation ends with an assistant message whose 'tool_calls' have no tool messages: "
+                + ", ".join(missing))
+    if messages[-1].get("role") == "assistant":
+        return "the conversation must not end with an assistant message (prefill is not supported)"
+    return None
+
+
+@define
+class StrictServer:
+    """See the module docstring. ``requests`` holds every request body; ``rejected`` the
+    ``(request index, reason)`` of every refusal; ``accepted`` counts answered requests."""
+
+    script: Sequence[Reply] | Callable[[list[dict[str, Any]]], Reply]
+    model: str = "m"
+    base_url: str = ""
+    requests: list[dict[str, Any]] = field(factory=list)
+    rejected: list[tuple[int, str]] = field(factory=list)
+    accepted: int = 0
+    _runner: web.AppRunner | None = None
+
+    def pick(self, messages: list[dict[str, Any]]) -> Reply:
+        if callable(self.script):
+            return self.script(messages)
+        turns = sum(1 for m in messages if m.get("role") == "assistant")
+        return self.script[min(turns, len(self.script) - 1)]
+
+    async def start(self) -> str:
+        """Serve on 127.0.0.1 (a free port); returns the base URL."""
+        app = web.Application()
+        app.router.add_post("/chat/completions", self._handle)
+        app.router.add_post("/v1/chat/completions", self._handle)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self.base_url = f"http://127.0.0.1:{port}"
+        return self.base_url
+
+    async def close(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        try:
+            body = orjson.loads(await request.read())
+        except orjson.JSONDecodeError:
+            body = None
+        index = len(self.requests)
+        self.requests.append(body if isinstance(body, dict) else {})
+        messages = body.get("messages") if isinstance(body, dict) else None
+        problem = wire_violation(messages)
+        if problem is not None:
+            self.rejected.append((index, problem))
+            return web.json_response({"error": {"message": problem, "type": "invalid_request_error",
+                                                "param": "messages", "code": None}}, status=400)
+        self.accepted += 1
+        reply = self.pick(messages)  # type: ignore[arg-type]
+        if reply.delay:
+            await asyncio.sleep(reply.delay)
+        if body.get("stream"):  # type: ignore[union-attr]
+            return await self._stream(request, reply)
+        return web.json_response(self._completion(reply))
+
+    def _completion(self, reply: Reply) -> dict[str, Any]:
+        msg: dict[str, Any] = {"role": "assistant", "content": reply.text or None}
+        if reply.tool_calls:
+            msg["tool_calls"] = [{"id": cid, "type": "function",
+                                  "function": {"name": name, "arguments": orjson.dumps(args).decode()}}
+                                 for cid, name, args in reply.tool_calls]
+        return {"id": "chatcmpl-strict", "object": "chat.completion", "created": int(time.time()), "model": self.model,
+                "choices": [{"index": 0, "message": msg,
+                             "finish_reason": "tool_calls" if reply.tool_calls else "stop"}],
+                "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}}
+
+    async def _stream(self, request: web.Request, reply: Reply) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await resp.prepare(request)
+
+        def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
+            data = {"id": "chatcmpl-strict", "object": "chat.completion.chunk", "created": 0, "model": self.model,
+                    "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+            return b"data: " + orjson.dumps(data) + b"\n\n"
+
+        try:
+            await resp.write(chunk({"role": "assistant", "content": ""}))
+            if reply.text:
+                n = max(1, reply.pieces)
+                size = max(1, -(-len(reply.text) // n))
+                for k in range(0, len(reply.text), size):
+                    if k and reply.chunk_delay:
+                        await asyncio.sleep(reply.chunk_delay)
+                    await resp.write(chunk({"content": reply.text[k:k + size]}))
+            for i, (cid, name, args) in enumerate(reply.tool_calls):
+                await resp.write(chunk({"tool_calls": [{"index": i, "id": cid, "type": "function",
+                                                        "function": {"name": name,
+                                                                     "arguments": orjson.dumps(args).decode()}}]}))
+            await resp.write(chunk({}, "tool_calls" if reply.tool_calls else "stop"))
+            usage = {"id": "chatcmpl-strict", "object": "chat.completion.chunk", "created": 0, "model": self.model,
+                     "choices": [], "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}}
+            await resp.write(b"data: " + orjson.dumps(usage) + b"\n\n")
+            await resp.write(b"data: [DONE]\n\n")
+            await resp.write_eof()
+        except ConnectionResetError:  # the client cut the stream
+            pass
+        return resp
