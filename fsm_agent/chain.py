@@ -287,12 +287,14 @@ class MiddlewareChain:
 
 
 async def _call(h: _Hook, hook: str, *args: Any) -> Any:
+    """Call a plain hook. A signal goes on; anything else (a ``ProviderError`` from a grader call
+    included) is the middleware failing, under its failure policy."""
     try:
         result = h.fn(*args)
         if h.is_async:
             result = await result
         return result
-    except (Signal, ProviderError):
+    except Signal:
         raise
     except Exception as exc:
         if h.isolate:
@@ -332,8 +334,8 @@ def _layer(h: _Hook, hook: str, nxt: Composed[Any, Any]) -> Composed[Any, Any]:
             if h.isolate and not entered:
                 log.exception("middleware %r failed in %s; isolated, passing through", h.name, hook)
                 return await nxt(arg, ctx, inner)
-            if h.isolate:
-                raise
+            # Failing after call_next ran, even an isolated layer cannot pass through (the inner call
+            # would run twice): the failure is reported under this layer's name.
             raise MiddlewareError(h.name, hook, exc) from exc
 
     return layer

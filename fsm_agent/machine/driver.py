@@ -285,13 +285,17 @@ class Driver:
         watcher = asyncio.ensure_future(self._watch()) if self.journal is not None else None
         try:
             try:
-                await self.chain.run_start(ctx)
                 await self._find_input_seq()
                 if first is not None:
                     await self._fire(first, reason)
                 if ctx.machine.state is Phase.MID_TURN:
                     self._resume_turn()
+                hooks_stop = await self._outcome_of(self.chain.run_start(ctx))
+                if hooks_stop is not None:
+                    await self._apply(hooks_stop)
                 while not ctx.machine.is_terminal:
+                    if self._lease_failed is not None:  # the watcher gave up the session between phases
+                        raise LeaseLost(self._lease_failed)
                     await self._flush_outbox()
                     await self._apply(await self._phase(ctx.machine.state))
             except asyncio.CancelledError:
@@ -310,28 +314,43 @@ class Driver:
         result = self._result(time.monotonic() - started)
         try:
             await self.chain.run_end(ctx, result)
-        except (MiddlewareError, StopRun) as exc:
+        except Exception as exc:  # noqa: BLE001 - the run has ended; nothing can change it now
             log.error("on_run_end failed after the run ended: %s", exc)
         await self._flush_outbox()
         return result
 
     async def _phase(self, state: Any) -> Outcome:
         """Run the phase ``state``; every way out of it becomes an outcome."""
+        if state is Phase.PRE_TURN:
+            work = self._pre_turn()
+        elif state is Phase.MODEL:
+            work = self._in_task(self._model())
+        elif state is Phase.MID_TURN:
+            work = self._in_task(self.midturn.run())
+        elif state is Phase.POST_TURN:
+            work = self._post_turn()
+        else:  # pragma: no cover - the table has no other non-terminal states
+            raise RuntimeError(f"driver reached unexpected state {state!r}")
+        outcome = await self._outcome_of(work)
+        assert outcome is not None
+        return outcome
+
+    async def _outcome_of(self, work: Any) -> Outcome | None:
+        """Await ``work`` (a phase, or the run-start hooks); a stop signal, a failing middleware or
+        an internal error becomes the outcome that ends the run, with every open tool call closed."""
         try:
-            if state is Phase.PRE_TURN:
-                return await self._pre_turn()
-            if state is Phase.MODEL:
-                return await self._in_task(self._model())  # type: ignore[no-any-return]
-            if state is Phase.MID_TURN:
-                return await self._in_task(self.midturn.run())  # type: ignore[no-any-return]
-            if state is Phase.POST_TURN:
-                return await self._post_turn()
-            raise RuntimeError(f"driver reached unexpected state {state!r}")  # pragma: no cover
+            return await work  # type: ignore[no-any-return]
         except _ControlHit:
             return await self._mid_phase_control()
         except StopRun as sig:
             await self._close_open_calls(keep_unstarted=False)
-            return Stop(StopReason(sig.reason), sig.detail or f"stopped by middleware: {sig.reason}", dict(sig.payload))
+            try:
+                reason = StopReason(sig.reason)
+            except ValueError:
+                return Stop(StopReason.FAILED_TERMINAL, f"a middleware asked to stop with {sig.reason!r}, which is "
+                            f"not a StopReason ({', '.join(r.value for r in StopReason)}); the run fails closed",
+                            {"error": {"kind": "middleware", "message": f"unknown stop reason {sig.reason!r}"}})
+            return Stop(reason, sig.detail or f"stopped by middleware: {sig.reason}", dict(sig.payload))
         except MiddlewareError as exc:
             await self._close_open_calls(keep_unstarted=False)
             return Stop(StopReason.FAILED_TERMINAL, str(exc),
