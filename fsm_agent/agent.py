@@ -45,7 +45,7 @@ from .machine.state import RunState
 from .middleware import Middleware
 from .pricing import cost_usd
 from .providers.base import Provider
-from .store.base import ControlKind, ControlRecord, LedgerStatus, SessionRecord, Store
+from .store.base import ControlKind, ControlRecord, LedgerEntry, LedgerStatus, SessionRecord, Store
 from .store.memory import MemoryStore
 from .store.sessions import LoadedSession, load_session, send_control
 from .tools.registry import Tool, ToolRegistry
@@ -139,14 +139,16 @@ class Agent:
             run.config = config
         return RunContext(session_id or uuid.uuid4().hex, self.provider, self.tools, messages, run)
 
-    def driver(self, ctx: RunContext, journal: Journal | None = None) -> Driver:
-        """A driver for ``ctx`` (freezes the middleware chain)."""
+    def driver(self, ctx: RunContext, journal: Journal | None = None,
+               ledger: Mapping[str, LedgerEntry] | None = None) -> Driver:
+        """A driver for ``ctx`` (freezes the middleware chain); ``ledger``: the session's tool-call ledger."""
         self.chain.freeze()
         return Driver(ctx, self.chain, self.hooks, cost_of=cost_usd, journal=journal,
-                      control_poll=self.control_poll, lease_ttl=self.lease_ttl)
+                      control_poll=self.control_poll, lease_ttl=self.lease_ttl, ledger=dict(ledger or {}))
 
-    async def _drive(self, ctx: RunContext, journal: Journal, first: Trigger | None, reason: str) -> RunResult:
-        driver = self.driver(ctx, journal)
+    async def _drive(self, ctx: RunContext, journal: Journal, first: Trigger | None, reason: str,
+                     ledger: Mapping[str, LedgerEntry] | None = None) -> RunResult:
+        driver = self.driver(ctx, journal, ledger)
         self._active.add(driver)
         try:
             return await driver.run(first, reason)
@@ -289,7 +291,7 @@ class Agent:
         except BaseException:
             await self._release(session_id)
             raise
-        return await self._drive(ctx, journal, first, reason)
+        return await self._drive(ctx, journal, first, reason, loaded.ledger)
 
     async def _resume_context(self, loaded: LoadedSession, decisions: Mapping[str, Decision] | None,
                               confirm_cancel: bool, limits: Mapping[str, Any]
@@ -300,12 +302,11 @@ class Agent:
             state = structure(loaded.state_data, RunState)
         else:
             state = RunState(config=self.config)
-        state.ledger = dict(loaded.ledger)  # written before each step: never older than the checkpoint
         if limits:
             state.config = evolve(state.config, **limits)
         # Earlier approvals of calls not yet run carry over; an approval replayed from the checkpoint for
         # a call the ledger says started (or closed) is stale: the call is settled by the ledger, not rerun.
-        settled = {cid for cid, e in state.ledger.items() if e.status is LedgerStatus.STARTED or e.status.final}
+        settled = {cid for cid, e in loaded.ledger.items() if e.status is LedgerStatus.STARTED or e.status.final}
         state.decisions = {k: v for k, v in state.decisions.items() if k not in settled}
         state.decisions.update(decisions or {})
         state.cancel_confirmed = confirm_cancel

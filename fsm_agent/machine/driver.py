@@ -52,7 +52,7 @@ from ..errors import ContextLengthExceededError, LeaseLost, MiddlewareError, Pro
 from ..hooks import HookBus
 from ..middleware import Complete, Continue
 from ..providers.base import Provider, call_deadline
-from ..store.base import ControlKind, ControlRecord, LedgerStatus
+from ..store.base import ControlKind, ControlRecord, LedgerEntry, LedgerStatus
 from ..tools.registry import ToolEffect
 from ..types.codec import unstructure
 from ..types.content import TextBlock, ToolUseBlock
@@ -103,6 +103,8 @@ class Driver:
         cost_of: ``(model, usage) -> USD or None`` (the pricing table).
         journal: writes events, checkpoints and ledger entries to the session's store (``None``:
             nothing is persisted and control events cannot arrive).
+        ledger: the session's tool-call ledger by call id, as the store has it (a resume); the
+            driver keeps it up to date as it writes entries.
         control_poll: seconds between checks for Interrupt/Cancel while a model call or tools run.
         lease_ttl: seconds a lease lasts; renewed at a third of it while the run goes on.
     """
@@ -117,8 +119,11 @@ class Driver:
         journal: Journal | None = None,
         control_poll: float = 0.5,
         lease_ttl: float = 30.0,
+        ledger: dict[str, LedgerEntry] | None = None,
     ) -> None:
         chain.freeze()
+        self.ledger: dict[str, LedgerEntry] = dict(ledger or {})
+        """The tool-call ledger by call id (the store's, plus what this run wrote)."""
         self.ctx = ctx
         self.run_state = ctx._run
         self.chain = chain
@@ -591,7 +596,7 @@ class Driver:
         person to confirm them first."""
         run = self.run_state
         unconfirmed = []
-        for entry in list(run.ledger.values()):
+        for entry in list(self.ledger.values()):
             if entry.effect != ToolEffect.SIDE_EFFECT.value or entry.status not in (
                     LedgerStatus.COMPLETED, LedgerStatus.INTERRUPTED, LedgerStatus.STARTED):
                 continue

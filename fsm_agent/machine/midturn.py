@@ -79,7 +79,7 @@ class MidTurn:
         run = d.run_state
         effect = self.effect(call)
         entry = ledger_entry(d.ctx.session_id, run.turn, call, status, effect=effect.value, result=result)
-        run.ledger[call.id] = entry
+        d.ledger[call.id] = entry
         d._observe(call, status, result)
         j = d.journal
         if j is None:
@@ -114,7 +114,7 @@ class MidTurn:
         if inspect.isawaitable(out):
             await out
         compensated = evolve(entry, status=LedgerStatus.REJECTED, updated_at=time.time())
-        d.run_state.ledger[entry.call_id] = compensated
+        d.ledger[entry.call_id] = compensated
         if d.journal is not None:
             d.journal.record("compensated", {"call_id": entry.call_id, "tool": entry.tool,
                                              "was": entry.status.value}, d.run_state.turn)
@@ -162,7 +162,7 @@ class MidTurn:
         for call in calls:
             if call.id in results:
                 continue
-            entry = run.ledger.get(call.id)
+            entry = d.ledger.get(call.id)
             if entry is not None and entry.status.final and entry.result:
                 results[call.id] = structure(entry.result, ToolResultMessage)  # never run twice
                 run.decisions.pop(call.id, None)

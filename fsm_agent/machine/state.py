@@ -5,6 +5,10 @@ restore is ``structure(data, RunState)`` through the one converter (:mod:`fsm_ag
 There is no hand-kept list of keys to drift out of step with the fields; a field added here is
 saved and restored by construction (a test round-trips every field).
 
+The tool-call ledger is not part of it: its durable home is the store's ledger table, written
+before each step it names, so a checkpoint never copies it (a copy in every checkpoint would grow
+the store quadratically with the tool results). The driver holds the ledger beside the state.
+
 Plugins never see this object: they get a :class:`~fsm_agent.machine.context.RunContext`, a
 read-only view of it plus the two things a plugin may write (``messages`` and
 :class:`TurnSettings`).
@@ -17,7 +21,6 @@ from typing import Any
 from attrs import define, field
 
 from ..control import Decision
-from ..store.base import LedgerEntry
 from ..types.content import ToolUseBlock
 from ..types.messages import ToolResultMessage, Usage
 from ..types.requests import MessageResponse
@@ -60,9 +63,6 @@ class RunState:
     """Executed calls per tool name."""
     pending_calls: list[ToolUseBlock] = field(factory=list)
     """The last model response's tool calls that have no result yet."""
-    ledger: dict[str, LedgerEntry] = field(factory=dict)
-    """The tool-call ledger by call id, as last written by this worker. On load the store's
-    ledger (written before each step, so never older) replaces it."""
     decisions: dict[str, Decision] = field(factory=dict)
     """A person's decisions on pending calls, by call id, not yet written to the ledger."""
     decided_results: dict[str, ToolResultMessage] = field(factory=dict)

@@ -7,13 +7,14 @@ from __future__ import annotations
 import asyncio
 
 import attrs
+import orjson
 import pytest
 
 from fsm_agent import Agent, Decision, Middleware, OutputSchema, RunConfig, ScriptedProvider, StopReason, Steer, tool
 from fsm_agent.control import Decision as _Decision
 from fsm_agent.machine import RunState, TurnSettings
 from fsm_agent.providers import text_response, tool_call_response
-from fsm_agent.store import LedgerEntry, LedgerStatus, MemoryStore, SQLiteStore, read_turns
+from fsm_agent.store import LedgerStatus, MemoryStore, SQLiteStore, read_turns
 from fsm_agent.types import ToolResultMessage, ToolUseBlock, Usage, UserMessage
 from fsm_agent.types.codec import structure, unstructure
 from fsm_agent_middleware.approval import HumanApproval
@@ -32,8 +33,6 @@ def _non_default(cls: type) -> dict:
         "tool_calls_made": 4,
         "tool_call_counts": {"echo": 4},
         "pending_calls": [call],
-        "ledger": {"call_1": LedgerEntry("s", "call_1", "echo", {"text": "x"}, "k", "side_effect",
-                                         LedgerStatus.STARTED, 3)},
         "decisions": {"call_1": _Decision.edit({"text": "y"})},
         "decided_results": {"call_2": ToolResultMessage("call_2", "done", name="echo")},
         "context_retry": True,
@@ -60,6 +59,19 @@ def test_every_field_of_the_run_state_survives_a_checkpoint() -> None:
     state = RunState(**values)
     back = structure(unstructure(state), RunState)
     assert back == state
+
+
+async def test_checkpoints_do_not_copy_the_ledger_or_grow_with_the_tool_results() -> None:
+    """The ledger lives in the store's ledger table; a checkpoint copying it grew quadratically."""
+    big = "x" * 20_000
+    store = MemoryStore()
+    script = [tool_call_response(("echo", {"text": big})) for _ in range(8)] + ["done"]
+    result = await Agent(ScriptedProvider(script), tools=[echo], store=store).run("go")
+    assert result.stop.reason is StopReason.COMPLETED and result.tool_calls == 8
+    ck = await store.latest_checkpoint(result.session_id)
+    size = len(orjson.dumps(ck.data))
+    assert "ledger" not in ck.data and size < 2 * 20_000 + 5_000, size  # one response kept, not every result
+    assert len(await store.ledger(result.session_id)) == 8
 
 
 def test_plugins_cannot_write_the_run_state() -> None:
