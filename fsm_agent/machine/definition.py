@@ -92,5 +92,13 @@ def moves() -> dict[tuple[State, Trigger], State]:
                 (row,) = rows  # one row per (source, trigger): the table has no conditions
                 if row.conditions or row.prepare or row.before or row.after:  # pragma: no cover - table rule
                     raise MachineError(f"transition {name!r} from {source!r} has callbacks or conditions")
-                _MOVES[(m.get_state(source).value, trigger)] = m.get_state(row.dest).value
+                _MOVES[(_state(m, source), trigger)] = _state(m, row.dest)
     return _MOVES
+
+
+def _state(m: Machine, name: str | None) -> State:
+    """The :data:`State` the machine registered under ``name`` (``transitions`` types it ``str | Enum``)."""
+    value = m.get_state(name).value if name is not None else None
+    if not isinstance(value, (Phase, StopReason)):  # pragma: no cover - table rule
+        raise MachineError(f"state {name!r} is not a Phase or a StopReason")
+    return value

@@ -41,7 +41,7 @@ import hashlib
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
 import orjson
@@ -741,7 +741,8 @@ class Driver:
                 if wants:
                     await self.bus.emit(ModelStreamEvent(ctx.session_id, self.run_state.turn, event))
         finally:
-            await stream.aclose()
+            if isinstance(stream, AsyncGenerator):  # typed AsyncIterator; providers are generators
+                await stream.aclose()
         if final is None:  # pragma: no cover - providers always end with MessageComplete or raise
             raise ProviderError("the stream ended without a complete message", provider=getattr(provider, "name", None))
         return final

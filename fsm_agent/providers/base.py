@@ -210,7 +210,8 @@ class RetryPolicy:
 
         Always in ``[base(n), min(2 * base(n), max_delay)]`` (see the class doc).
         """
-        base = min(self.max_delay, self.initial_delay * 2 ** max(0, retry_number - 1))
+        factor: int = 2 ** max(0, retry_number - 1)  # int ** int is typed Any (a negative power is a float)
+        base = min(self.max_delay, self.initial_delay * factor)
         top = min(self.max_delay, 2 * base)
         return base + (rng or self.rng or random.random)() * (top - base)
 

@@ -18,7 +18,7 @@ produced content, so a consumer never sees two answers spliced together. The res
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Collection, Sequence
+from collections.abc import AsyncIterator, Collection, Iterable, Sequence
 
 from attrs import evolve, field, frozen
 
@@ -32,6 +32,10 @@ __all__ = ["FallbackProvider", "FallbackRule"]
 _CONTENT = (TextDelta, ThinkingDelta, ToolCallArgumentsDelta)
 
 
+def _kinds(value: Iterable[str]) -> frozenset[str]:
+    return frozenset(value)
+
+
 @frozen
 class FallbackRule:
     """When an error sends a call to the next provider of a chain, and the request that provider gets.
@@ -43,7 +47,7 @@ class FallbackRule:
         only: when set, exactly these error classes move on and nothing else (replaces the rule).
     """
 
-    also: frozenset[str] = field(default=frozenset(), converter=frozenset)
+    also: frozenset[str] = field(default=frozenset(), converter=_kinds)
     only: tuple[type[ProviderError], ...] | None = None
 
     def falls_back(self, error: ProviderError) -> bool:

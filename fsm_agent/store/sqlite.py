@@ -306,6 +306,8 @@ class SQLiteStore(Store):
                 raise KeyError(f"unknown session {batch.session_id}")
             if batch.expected_owner is not None and row[1] != batch.expected_owner:
                 raise LeaseLost(f"session {batch.session_id} is leased by {row[1]}, not {batch.expected_owner}")
+            # A batch without events has no seq test: only a missing session or a lost lease refuse it.
+            assert first is not None
             raise SessionConflictError(batch.session_id, first, row[0])
 
     async def write(self, batch: WriteBatch) -> None:

@@ -162,7 +162,7 @@ class StrictServer:
         reply = self.pick(messages)  # type: ignore[arg-type]
         if reply.delay:
             await asyncio.sleep(reply.delay)
-        if body.get("stream"):  # type: ignore[union-attr]
+        if body.get("stream"):
             return await self._stream(request, reply)
         return web.json_response(self._completion(reply))
 

@@ -29,7 +29,7 @@ that rewrite a tool's result or a model's response see the recorded, already rew
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from attrs import field, frozen
@@ -49,6 +49,11 @@ from ..types.requests import MessageRequest, MessageResponse
 from ..types.run import RunResult, StopReason
 
 __all__ = ["RecordedTrajectory", "RequestDifference", "TrajectoryReport", "read_trajectory", "replay_trajectory"]
+
+
+def _tuple(value: Iterable[Any]) -> tuple[Any, ...]:
+    """The tuple fields' converter: typed, so attrs' ``__init__`` takes any iterable."""
+    return tuple(value)
 
 
 @frozen
@@ -79,13 +84,13 @@ class TrajectoryReport:
     """Model calls in the recording."""
     replayed_calls: int
     """Model calls the replay made."""
-    differences: tuple[RequestDifference, ...] = field(converter=tuple)
+    differences: tuple[RequestDifference, ...] = field(converter=_tuple)
     """Every call whose request differs, in call order."""
-    recorded_stops: tuple[StopReason, ...] = field(converter=tuple)
+    recorded_stops: tuple[StopReason, ...] = field(converter=_tuple)
     """The stop of each recorded run (the first run, then each resume)."""
-    replayed_stops: tuple[StopReason, ...] = field(converter=tuple)
+    replayed_stops: tuple[StopReason, ...] = field(converter=_tuple)
     """The stop of each replayed run."""
-    notes: tuple[str, ...] = field(default=(), converter=tuple)
+    notes: tuple[str, ...] = field(default=(), converter=_tuple)
     """Where the replay could not follow the recording (a resume refused, a tool result missing)."""
     result: RunResult | None = None
     """The last replayed run's result."""
@@ -143,12 +148,12 @@ class RecordedTrajectory:
 
     session_id: str
     config: RunConfig | None
-    initial_messages: tuple[Message, ...] = field(converter=tuple)
-    calls: tuple[RecordedCall, ...] = field(converter=tuple)
+    initial_messages: tuple[Message, ...] = field(converter=_tuple)
+    calls: tuple[RecordedCall, ...] = field(converter=_tuple)
     tool_results: dict[str, ToolResultMessage]
-    stops: tuple[StopReason, ...] = field(converter=tuple)
-    resumes: tuple[RecordedResume, ...] = field(converter=tuple)
-    messages: tuple[tuple[int, Message], ...] = field(converter=tuple)
+    stops: tuple[StopReason, ...] = field(converter=_tuple)
+    resumes: tuple[RecordedResume, ...] = field(converter=_tuple)
+    messages: tuple[tuple[int, Message], ...] = field(converter=_tuple)
     """Every ``message`` event as (seq, message)."""
 
     def transcript_at(self, seq: int) -> list[Message]:
@@ -189,7 +194,7 @@ async def read_trajectory(store: Store, session_id: str) -> RecordedTrajectory:
         if ev.type == "session_started" and p.get("config") is not None:
             config = structure(p["config"], RunConfig)
         elif ev.type == "message":
-            msg = structure(p["message"], Message)
+            msg: Message = structure(p["message"], Message)
             messages.append((ev.seq, msg))
             if not started:
                 initial.append(msg)
