@@ -495,7 +495,9 @@ async def full_disk(mnt: Path, workdir: Path, sid: str, free: Callable[[], None]
         await store.close()
         free()
         store = SQLiteStore(path)
-        agent2 = agent_for(base, store, [fetch], max_iterations=60)
+        # The same worker resumes once space is freed: its lease could not be released while the disk
+        # was full (a release is a write), so another worker would have to wait for the lease to expire.
+        agent2 = agent_for(base, store, [fetch], max_iterations=60, worker_id=agent.worker_id)
         try:
             final, _ = await finish(agent2, sid, None)
         finally:
