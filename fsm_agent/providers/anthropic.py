@@ -12,7 +12,17 @@ Request rules, each from a public bug report (../shared/cases):
   turn left with no blocks is dropped, so its neighbouring user turns merge (B04);
 * thinking goes back with its ``signature``, redacted thinking with its opaque
   ``data``, extension blocks (``server_tool_use``, ``web_search_tool_result`` ...)
-  as the wire object they came as; such blocks made by another protocol are never sent.
+  as the wire object they came as; such blocks made by another protocol are never sent;
+* a call given twice in one turn is sent once, a result given twice once, and a call the
+  history never answered gets an error ``tool_result`` (:data:`MISSING_RESULT`) in the next
+  user turn;
+* an answer marked interrupted (``AssistantMessage.provider_data["interrupted"]``, kept by the
+  driver from a cut stream) goes without its reasoning, and the marker is never sent; a request
+  never ends in a plain assistant turn (a prefill to the API): a user turn asking to continue
+  follows it, unless the turn ends in a server tool block (``pause_turn``).
+
+A message without ``tool_use`` blocks never reports TOOL_USE, and one with them never END_TURN,
+whatever the wire said (:func:`truthful_stop`).
 
 Stream rules: every emitted event is folded into one :class:`PartialMessageResponse`,
 so ``MessageComplete.full_response`` is what the events add up to, and it equals what
@@ -53,7 +63,7 @@ from .structured_output import response_format_of
 
 __all__ = ["DEFAULT_MAX_TOKENS", "DEFAULT_THINKING_BUDGET", "AnthropicProvider",
            "AnthropicStreamParser", "map_stop_reason", "messages_to_wire", "parse_block",
-           "parse_message", "parse_usage", "tool_choice_to_wire", "tool_to_wire"]
+           "parse_message", "parse_usage", "tool_choice_to_wire", "tool_to_wire", "truthful_stop"]
 
 SOURCE = "anthropic"
 DEFAULT_MAX_TOKENS = 4096
@@ -78,6 +88,20 @@ def map_stop_reason(raw: str | None) -> ModelStopReason:
     """Anthropic ``stop_reason`` to :class:`ModelStopReason` (``model_context_window_exceeded``
     is MAX_TOKENS); unknown values mean END_TURN, the wire value stays in ``raw_stop_reason``."""
     return _STOP.get(raw or "end_turn", ModelStopReason.END_TURN)
+
+
+def truthful_stop(stop: ModelStopReason, has_calls: bool) -> ModelStopReason:
+    """The stop reason the message's content supports: the calls decide whether a turn used tools.
+
+    ``tool_use`` on a message without a ``tool_use`` block is END_TURN (a consumer branching on it
+    would look for calls that are not there); ``end_turn`` next to calls is TOOL_USE. Every other
+    reason (``max_tokens`` with a cut call, ``pause_turn``, ``refusal`` ...) stands.
+    """
+    if stop is ModelStopReason.TOOL_USE and not has_calls:
+        return ModelStopReason.END_TURN
+    if stop is ModelStopReason.END_TURN and has_calls:
+        return ModelStopReason.TOOL_USE
+    return stop
 
 
 def parse_usage(u: Any) -> Usage | None:
@@ -210,8 +234,9 @@ def messages_to_wire(messages: Iterable[Message]) -> tuple[str | list[Wire] | No
         InvalidRequestError: the history holds audio, which the API does not accept.
     """
     system: list[Wire] = []
-    turns: list[tuple[str, list[Wire]]] = []
+    turns: list[tuple[str, list[Wire], bool]] = []  # role, blocks, holds an interrupted answer
     for m in messages:
+        cut = False
         if isinstance(m, SystemMessage):
             system.extend(_blocks((b for b in m.content if isinstance(b, TextBlock)), "user"))
             continue
@@ -220,7 +245,11 @@ def messages_to_wire(messages: Iterable[Message]) -> tuple[str | list[Wire] | No
         elif isinstance(m, UserImageMessage):
             role, blocks = "user", [_image(None, m.mime_type, m.data)]
         elif isinstance(m, AssistantMessage):
-            role, blocks = "assistant", _blocks(m.content, "assistant")
+            # an answer cut part-way: its reasoning is not sent (it may be unsigned, and a turn that
+            # ends in reasoning is rejected); neither is the ``interrupted`` marker
+            cut = bool((m.provider_data or {}).get("interrupted"))
+            content = [b for b in m.content if not (cut and isinstance(b, ThinkingBlock))]
+            role, blocks = "assistant", _blocks(content, "assistant")
         elif isinstance(m, ToolResultMessage):
             role, blocks = "user", [_tool_result(m.tool_call_id, m.content, m.is_error)]
         else:
@@ -229,21 +258,62 @@ def messages_to_wire(messages: Iterable[Message]) -> tuple[str | list[Wire] | No
             continue  # an empty turn is dropped, so its neighbours merge (B04)
         if turns and turns[-1][0] == role:
             turns[-1][1].extend(blocks)
+            turns[-1] = (role, turns[-1][1], turns[-1][2] or cut)
         else:
-            turns.append((role, blocks))
+            turns.append((role, blocks, cut))
     out: list[Wire] = []
     calls: dict[str, int] = {}
-    for role, blocks in turns:
+    k = 0
+    while k < len(turns):
+        role, blocks, cut = turns[k]
         if role == "assistant":
+            blocks = _once(blocks, "tool_use", "id")  # one call given twice is sent once
             calls = {b["id"]: i for i, b in enumerate(x for x in blocks if x["type"] == "tool_use")}
+            if calls:  # every call answered in the next user turn, or the API answers 400
+                if k + 1 == len(turns):
+                    turns.append(("user", [], False))
+                answered = {b.get("tool_use_id") for b in turns[k + 1][1] if b["type"] == "tool_result"}
+                turns[k + 1][1].extend({"type": "tool_result", "tool_use_id": c, "content": MISSING_RESULT,
+                                        "is_error": True} for c in calls if c not in answered)
         elif any(b["type"] == "tool_result" for b in blocks):  # B02: results first, in call order
-            results = sorted((b for b in blocks if b["type"] == "tool_result"),
+            results = sorted(_once([b for b in blocks if b["type"] == "tool_result"], "tool_result", "tool_use_id"),
                              key=lambda b: calls.get(b["tool_use_id"], len(calls)))
             blocks = results + [b for b in blocks if b["type"] != "tool_result"]
         out.append({"role": role, "content": blocks})
+        k += 1
+    if out and out[-1]["role"] == "assistant" and out[-1]["content"][-1]["type"] in _PREFILL:
+        # a request ending in a plain assistant turn is a prefill to the API: the model would go on
+        # inside that turn (and newer models refuse it). Ask in a user turn instead, as the driver
+        # does; a turn ending in a server tool block (``pause_turn``) is continued as it is.
+        text = CONTINUE_CUT if turns[-1][2] else CONTINUE
+        out.append({"role": "user", "content": [{"type": "text", "text": text}]})
     if len(system) == 1:
         return system[0]["text"], out
     return system or None, out
+
+
+_PREFILL = frozenset({"text", "thinking", "redacted_thinking"})
+MISSING_RESULT = ("No result was recorded for this call (the run stopped before it finished); its outcome "
+                  "is unknown.")
+"""The ``tool_result`` sent for a call the history never answered (the API rejects a ``tool_use``
+without a ``tool_result`` right after it)."""
+CONTINUE_CUT = "Your previous answer was cut off before it finished; continue from where it stopped."
+CONTINUE = "Continue."
+"""The user turns that follow a history ending in an assistant answer (an interrupted one, or
+another), so that it is not read as a prefill (the same words as the driver's)."""
+
+
+def _once(blocks: list[Wire], kind: str, key: str) -> list[Wire]:
+    """``blocks`` with each ``kind`` block whose ``key`` was already seen left out."""
+    seen: set[Any] = set()
+    out = []
+    for b in blocks:
+        if b["type"] == kind:
+            if b.get(key) in seen:
+                continue
+            seen.add(b.get(key))
+        out.append(b)
+    return out
 
 
 def tool_to_wire(tool: ToolDefinition) -> Wire:
@@ -321,8 +391,9 @@ def parse_message(data: Wire, provider: str = "anthropic") -> MessageResponse:
     usage = data.get("usage")
     if isinstance(usage, dict) and usage.get("server_tool_use") is not None:
         extra["server_tool_use"] = usage["server_tool_use"]
-    stop = (map_stop_reason(raw) if raw is not None  # absent: inferred as for a stream
-            else ModelStopReason.TOOL_USE if any(isinstance(b, ToolUseBlock) for b in content)
+    calls = any(isinstance(b, ToolUseBlock) for b in content)
+    stop = (truthful_stop(map_stop_reason(raw), calls) if raw is not None  # absent: inferred as for a stream
+            else ModelStopReason.TOOL_USE if calls
             else ModelStopReason.REFUSAL if refusal is not None else ModelStopReason.END_TURN)
     return MessageResponse(id=str(data.get("id") or ""), model=str(data.get("model") or ""),
                            message=AssistantMessage(content), stop_reason=stop,
@@ -526,6 +597,9 @@ class AnthropicStreamParser:
         for st in self._open.values():
             self._close(st, out)
         self._open.clear()
+        if self.partial.stop_reason is not None:
+            calls = any(b.kind == "tool_use" for b in self.partial.blocks)
+            self.partial.set_stop_reason(truthful_stop(self.partial.stop_reason, calls), self.partial.raw_stop_reason)
         out.append(MessageComplete(self.partial.finalize()))
         return out
 

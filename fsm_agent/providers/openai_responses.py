@@ -14,7 +14,11 @@ becomes output items in block order: text → assistant ``message`` (``output_te
 protocols' thinking and extensions are not sent. Case B05 (:func:`keep_reasoning_items`): a
 reasoning item goes only when the next item of its response is an output item. A reasoning
 item that cannot be replayed (no id; ``store: false`` without ``encrypted_content``) sends
-its turn's items without ids, so none points at it (the inverse 400 of B05).
+its turn's items without ids, so none points at it (the inverse 400 of B05). An answer marked
+interrupted (``provider_data["interrupted"]``, a cut stream's partial) goes without reasoning and
+without item ids, and the marker is never sent. :func:`_pair_calls`: a call given twice is sent
+once, an output given twice once, and a call never answered gets an error output (C11).
+``store: false`` on a model that reasons adds ``include: ["reasoning.encrypted_content"]`` (C08).
 
 Assistant provider data written here: ``{"text_item_ids": [item id per text block],
 "item_phases": {id: phase}}``; a hand-built ``{"id": "msg_..."}`` is read too. Thinking text
@@ -23,12 +27,17 @@ is the summary texts, then DeepSeek's ``reasoning_text`` parts, joined by a blan
 Streams fold every ``response.*`` event into one :class:`PartialMessageResponse`; the
 ``*.done`` events and the ``response.completed`` payload fill what deltas missed (and give
 the final ``encrypted_content``), so the result equals :func:`parse_output` of that payload.
+A block's wire data (reasoning summary, ``encrypted_content``, DeepSeek's ``content``, a
+server-tool item, a text's annotations) rides in its ``ContentBlockEnd``; when the final
+payload revises a closed block, one more ``ContentBlockEnd`` carries what changed. So the
+emitted events, folded again, give the same blocks as the final response.
 ``response.failed`` and ``error`` events raise; a stream without a terminal event raises
 :class:`ProviderConnectionError` (content arrived) or :class:`ProviderProtocolError`.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -164,6 +173,7 @@ def _reasoning_item(b: ThinkingBlock, store: bool | None) -> dict[str, Any] | No
 
 def _assistant_items(m: AssistantMessage, store: bool | None) -> list[dict[str, Any]]:
     pd = m.provider_data or {}
+    cut = bool(pd.get("interrupted"))  # a partial answer of a cut stream: its items never completed
     n_text = sum(1 for b in m.content if isinstance(b, TextBlock) and b.text)
     ids = pd.get("text_item_ids")
     if not isinstance(ids, list) or len(ids) != n_text:
@@ -192,7 +202,7 @@ def _assistant_items(m: AssistantMessage, store: bool | None) -> list[dict[str, 
             continue
         msg = None
         if isinstance(b, ThinkingBlock) and b.source == SOURCE:
-            item = _reasoning_item(b, store)
+            item = None if cut else _reasoning_item(b, store)
             lost_reasoning |= item is None
             items += [item] if item is not None else []
         elif isinstance(b, ToolUseBlock):
@@ -202,7 +212,7 @@ def _assistant_items(m: AssistantMessage, store: bool | None) -> list[dict[str, 
             items.append({**call, "id": fid} if isinstance(fid, str) and fid else call)
         elif isinstance(b, ExtensionBlock) and b.source == SOURCE:
             items.append(dict(b.data))
-    if lost_reasoning:
+    if lost_reasoning or cut:
         for item in items:
             if item["type"] in ("function_call", "message"):
                 for key in ("id", "status", "phase"):
@@ -274,7 +284,63 @@ def messages_to_input(messages: Sequence[Message], *, system_role: str = "develo
                    "output": m.text if simple else _input_parts(m.content)}
         items.append(new)
         groups.append(None)
+    items, groups = _pair_calls(items, groups)
     return (_SEP.join(system) if system else None), keep_reasoning_items(items, groups)
+
+
+MISSING_OUTPUT = ("No result was recorded for this call (the run stopped before it finished); its outcome "
+                  "is unknown.")
+"""The output sent for a ``function_call`` the history never answered (the API rejects the request
+otherwise: "No tool output found for function call ...")."""
+
+
+def _pair_calls(items: list[dict[str, Any]], groups: list[int | None]
+                ) -> tuple[list[dict[str, Any]], list[int | None]]:
+    """Every ``function_call`` once, with exactly one ``function_call_output`` after it (C11, and a
+    history that repeats one call).
+
+    A call whose id is still waiting for its output is the same call given again (once as a
+    block and once more): it is sent once. An output repeated for one call is sent once (the
+    first). A call never answered gets a :data:`MISSING_OUTPUT` error output right after its
+    turn's items. A call id used again after its output (``call_0`` every turn) is a new call.
+    An output with no call before it stays: with ``previous_response_id`` the call is on the
+    server.
+    """
+    waiting: dict[Any, int] = {}  # call id -> position in ``out`` of its call, until answered
+    answered: set[Any] = set()
+    out: list[dict[str, Any]] = []
+    out_groups: list[int | None] = []
+    for item, g in zip(items, groups):
+        kind, cid = item.get("type"), item.get("call_id")
+        if kind == "function_call":
+            if cid in waiting:
+                continue
+            waiting[cid] = len(out)
+            answered.discard(cid)
+        elif kind == "function_call_output":
+            if cid in waiting:
+                del waiting[cid]
+            elif cid in answered:
+                continue
+            answered.add(cid)
+        out.append(item)
+        out_groups.append(g)
+    if not waiting:
+        return out, out_groups
+    unanswered = {pos: cid for cid, pos in waiting.items()}
+    fixed: list[dict[str, Any]] = []
+    fixed_groups: list[int | None] = []
+    pending: list[str] = []
+    for i, (item, g) in enumerate(zip(out, out_groups)):
+        fixed.append(item)
+        fixed_groups.append(g)
+        if i in unanswered:
+            pending.append(unanswered[i])
+        if pending and (i + 1 == len(out) or out_groups[i + 1] != g):
+            fixed += [{"type": "function_call_output", "call_id": c, "output": MISSING_OUTPUT} for c in pending]
+            fixed_groups += [None] * len(pending)
+            pending = []
+    return fixed, fixed_groups
 
 
 # ---------------------------------------------------------------------------- response
@@ -403,9 +469,7 @@ class OpenAIResponsesStreamParser:
 
     def _on_annotation(self, ev: dict[str, Any], out: list[StreamEvent], arg: Any = None) -> None:
         b = self._text_block(self._item(ev, "message", out), ev.get("content_index", 0), out)
-        cites = self._citations.setdefault(b, [])
-        cites.append(ev.get("annotation"))
-        self.partial.set_block_data(b, citations=list(cites))
+        self._set_citations(b, [*self._citations.get(b, ()), ev.get("annotation")], out)
 
     def _on_delta(self, ev: dict[str, Any], out: list[StreamEvent], arg: tuple[str, str, bool]) -> None:
         """Text, refusal, arguments or reasoning text: a delta, or (``full``) a whole ``*.done`` text."""
@@ -494,9 +558,9 @@ class OpenAIResponsesStreamParser:
                 if p.get("type") == "reasoning_text":
                     self._think(it, ("c", i), p.get("text") or "", True, out)
             if done:
-                self.partial.set_block_data(b, **_reasoning_data(item))
+                self._close(b, out, _reasoning_data(item))
         elif done:
-            self.partial.set_block_data(b, **item)
+            self._close(b, out, dict(item))
         if done:
             self._close(b, out)
         return it
@@ -507,8 +571,7 @@ class OpenAIResponsesStreamParser:
             self._put(b, b, TextDelta, part.get("text") or "", True, out)
             notes = part.get("annotations")
             if isinstance(notes, list) and (notes or b in self._citations):
-                self._citations[b] = list(notes)
-                self.partial.set_block_data(b, citations=list(notes))
+                self._set_citations(b, notes, out)
             if close:
                 self._close(b, out)
         elif part.get("type") == "refusal":
@@ -542,12 +605,37 @@ class OpenAIResponsesStreamParser:
             it.segments.append(seg)
         self._put((b, seg), b, ThinkingDelta, text, full, out)
 
-    def _close(self, b: int, out: list[StreamEvent]) -> None:
+    def _set_citations(self, b: int, notes: list[Any], out: list[StreamEvent]) -> None:
+        """A text block's annotations so far. An open block keeps them on the aggregate (so the
+        ``partial`` of a cut stream has them) and its ``ContentBlockEnd`` carries them all; a closed
+        block gets them in a revising ``ContentBlockEnd``."""
+        self._citations[b] = list(notes)
         if b in self._closed:
+            self._close(b, out)
+        else:
+            self.partial.set_block_data(b, citations=list(notes))
+
+    def _close(self, b: int, out: list[StreamEvent], data: dict[str, Any] | None = None) -> None:
+        """End block ``b``; ``data`` is what its item's ``*.done`` (or the final payload) says of it
+        (reasoning summary and encrypted content, a server-tool item, a text's annotations).
+
+        Everything a block's wire data adds rides in its ``ContentBlockEnd``, so folding the events
+        gives the final response. When a later event revises a closed block (the final payload's
+        ``encrypted_content`` differs from ``output_item.done``'s in recorded OpenAI streams), one
+        more ``ContentBlockEnd`` carries only what changed."""
+        if b in self._citations:
+            data = {**(data or {}), "citations": list(self._citations[b])}
+        if b in self._closed:
+            have = self.partial.blocks[b].data or {}
+            changed = {k: v for k, v in (data or {}).items() if have.get(k) != v}
+            if changed:
+                revised = ContentBlockEnd(b, changed)
+                self.partial.apply(revised)
+                out.append(revised)
             return
         self._closed.add(b)
         ends: list[StreamEvent] = [ToolCallEnd(b, self.partial.tool_block(b))] if b in self._tools else []
-        for ev in ends + [ContentBlockEnd(b)]:
+        for ev in ends + [ContentBlockEnd(b, data or None)]:
             self.partial.apply(ev)
             out.append(ev)
 
@@ -600,6 +688,23 @@ _HANDLERS: dict[str, tuple[str, Any]] = {
 }
 """Event type → (handler, its argument). Other events (``response.web_search_call.*`` progress
 ...) carry nothing to keep: their items arrive whole in ``response.output_item.done``."""
+
+
+_ENCRYPTED = "reasoning.encrypted_content"
+_REASONING_MODEL = re.compile(r"^(?:[\w.-]+/)?(?:o\d|gpt-5(?!(?:\.\d+)?-chat)|codex)", re.I)
+"""OpenAI's reasoning model families (``o1``, ``o3-mini``, ``o4-mini``, ``gpt-5*`` but not
+``gpt-5-chat``, ``codex-mini``), optionally behind a ``vendor/`` prefix."""
+
+
+def _reasons(request: MessageRequest, body: dict[str, Any]) -> bool:
+    """Whether the call is to a model that reasons: reasoning was asked for, the history holds this
+    protocol's reasoning, or the model is one of OpenAI's reasoning families. Only then is
+    ``reasoning.encrypted_content`` requested: other models answer 400 to it."""
+    th = request.thinking
+    if "reasoning" in body or (th is not None and th.enabled) or _REASONING_MODEL.match(str(body.get("model") or "")):
+        return True
+    return any(isinstance(b, ThinkingBlock) and b.source == SOURCE
+               for m in request.messages if isinstance(m, AssistantMessage) for b in m.content)
 
 
 class OpenAIResponsesProvider(HttpProvider):
@@ -659,8 +764,11 @@ class OpenAIResponsesProvider(HttpProvider):
             body["previous_response_id"] = request.get_extra("previous_response_id", str)
         if "store" in extra:
             body["store"] = store
-        if "include" in extra:
-            body["include"] = request.get_extra("include", list)
+        include = list(request.get_extra("include", list)) if "include" in extra else None
+        if store is False and _reasons(request, body) and _ENCRYPTED not in (include or ()):
+            include = [*(include or ()), _ENCRYPTED]  # C08: stateless reasoning comes back only if asked for
+        if include is not None:
+            body["include"] = include
         body.update({k: extra[k] for k in _PASS_THROUGH if k in extra})
         if stream:
             body["stream"] = True

@@ -75,8 +75,11 @@ class ContentBlockEnd:
     """The block at ``index`` is complete.
 
     ``data`` carries wire data known only at the end of a block (an Anthropic thinking
-    ``signature``, final citations), merged into the block, so that folding the events
-    reproduces the final response exactly.
+    ``signature``, final citations, a Responses reasoning item's summary and
+    ``encrypted_content``, a server-tool item), merged into the block, so that folding the
+    events reproduces the final response exactly. A block may get one more ``ContentBlockEnd``
+    after its first: its ``data`` revises what the block holds (a Responses stream whose final
+    payload differs from the item's ``done`` event); folding merges it the same way.
     """
 
     TAG: ClassVar[str] = "content_block_end"
