@@ -15,7 +15,7 @@ from .base import (
 )
 from .errors import classify_error, parse_retry_after
 from .fallback import FallbackProvider, FallbackRule
-from .profiles import PROFILES, ProviderType, create_provider, get_profile
+from .profiles import PROFILES, ProviderType, create_provider, detect_profile, get_profile
 from .scripted import ScriptedProvider, text_response, tool_call_response
 from .sse import SSEDecoder, ServerSentEvent
 
@@ -38,6 +38,7 @@ __all__ = [
     "call_deadline",
     "classify_error",
     "create_provider",
+    "detect_profile",
     "first_token_timeout_for",
     "get_profile",
     "may_retry",

@@ -115,7 +115,9 @@ class Profile:
     reasoning_field: str | None = None
     """Assistant-message field that carries reasoning on the wire (``reasoning_content`` for DeepSeek/Qwen)."""
     echo_reasoning: bool = False
-    """Send ``reasoning_field`` back on assistant tool-call turns (DeepSeek thinking mode, case B06)."""
+    """Send reasoning back on every assistant turn, also reasoning with no record of its vendor under
+    ``reasoning_field`` (DeepSeek thinking mode, case B06). Without it, reasoning decoded from this
+    same vendor still goes back on tool-call turns (Kimi, C05)."""
     headers: tuple[tuple[str, str], ...] = ()
     """Extra headers sent on every request (``anthropic-version`` ...)."""
     default_model: str | None = None
@@ -123,7 +125,11 @@ class Profile:
     """``max_tokens`` sent when a request gives none (tokens), or ``None`` to leave it to the server."""
     capabilities: ProviderCapabilities = ProviderCapabilities()
     options: tuple[tuple[str, Any], ...] = ()
-    """Protocol-specific switches (``("thinking_param", "enable_thinking")`` ...)."""
+    """Protocol-specific switches. OpenAI Chat: ``thinking_param`` (``enable_thinking``, ``thinking``,
+    ``reasoning``, ``chat_template_kwargs``; else ``reasoning_effort``), ``thinking_streamed_only``
+    (DashScope: a non-streamed call sends ``enable_thinking: false``), ``tool_ids`` (``mistral``:
+    9-character alphanumeric call ids), ``foreign_call_signature`` (Gemini: the placeholder thought
+    signature for a call it did not make), ``system_role``."""
 
     def option(self, key: str, default: Any = None) -> Any:
         for k, v in self.options:

@@ -16,15 +16,26 @@ Stream rules this parser keeps, each from a public bug report (../shared/cases):
 * a missing usage chunk leaves ``usage`` ``None``, never zero (B12);
 * ``delta.reasoning_content`` (DeepSeek, Qwen, llama.cpp) and ``delta.reasoning``
   (OpenRouter) become thinking, also on turns with tool calls (B06);
-* ``{"error": ...}`` inside a 200 stream is an error, never a success (B20, llama.cpp).
+* ``{"error": ...}`` inside a 200 stream is an error, never a success (B20, llama.cpp);
+* a fragment without ``index`` that carries the ``id`` of an earlier call continues that call;
+* the calls in the message decide the stop reason: ``tool_calls`` with no call is ``end_turn`` (C01),
+  ``stop`` (Ollama) or a trailing second ``stop`` after ``tool_calls`` with calls is ``tool_use`` (C02).
+
+Vendor fields (C03-C05): what fsm_agent does not model is kept on the block it came with, under
+``provider_data["openai-chat"]`` with the ``vendor`` that produced it (:attr:`OpenAIChatProvider.vendor`),
+and sent back to that vendor only: a tool call's extra keys (Gemini's ``extra_content``), OpenRouter's
+``reasoning_details`` (on the thinking block), and the field reasoning text came under
+(``reasoning_content`` or ``reasoning``), echoed on tool-call turns.
 """
 
 from __future__ import annotations
 
+import hashlib
+import re
 from typing import Any
 
 import orjson
-from attrs import define, field
+from attrs import define, evolve, field
 
 from ..errors import ProviderConnectionError, ProviderProtocolError
 from ..types.content import (
@@ -109,9 +120,16 @@ def parse_usage(u: Any) -> Usage | None:
 
 
 def _final_stop(raw: str | None, has_tools: bool, refusal: str | None, has_text: bool) -> ModelStopReason:
+    """The stop reason the message itself supports: the calls in it decide whether the turn used tools.
+
+    ``"stop"`` next to calls (Ollama, C02's trailing second finish chunk) is ``TOOL_USE``; ``"tool_calls"``
+    with no call in the message (vLLM with ``tool_choice: "required"`` and no parsed call, C01) is not.
+    """
     reason = map_finish_reason(raw)
     if has_tools and reason is ModelStopReason.END_TURN:
         return ModelStopReason.TOOL_USE  # some servers say "stop" for a tool-call turn
+    if not has_tools and reason is ModelStopReason.TOOL_USE:
+        reason = ModelStopReason.END_TURN  # a message without calls never reports tool use (C01)
     if refusal and not has_text and not has_tools and reason is ModelStopReason.END_TURN:
         return ModelStopReason.REFUSAL
     return reason
@@ -148,23 +166,235 @@ def _user_parts(content: tuple[Any, ...]) -> str | list[dict[str, Any]]:
     return parts
 
 
-def tool_call_to_wire(call: ToolUseBlock) -> dict[str, Any]:
-    """A tool-use block as an OpenAI ``tool_calls`` entry; arguments always a JSON string (B11: ``"{}"``)."""
+_TOOL_CALL_KEYS = frozenset({"index", "id", "type", "function"})
+"""Keys of a ``tool_calls`` entry the protocol defines; any other key is a vendor field (Gemini's
+``extra_content``), kept on the block and sent back only to the vendor it came from."""
+
+CONTINUE_AFTER_CUT = "Your previous answer was cut off before it finished; continue from where it stopped."
+"""The user turn that follows an interrupted answer at the end of a request (the driver's wording)."""
+CONTINUE = "Continue."
+
+
+def vendor_data(block: Any) -> dict[str, Any]:
+    """This protocol's vendor record on a block (``provider_data["openai-chat"]``), or ``{}``.
+
+    ``vendor`` names the endpoint that produced the block (:attr:`OpenAIChatProvider.vendor`); the
+    other keys are wire fields fsm_agent does not model: ``fields`` (extra keys of a tool call),
+    ``field`` (the name reasoning text came under), ``reasoning_details`` (OpenRouter)."""
+    pd = getattr(block, "provider_data", None)
+    data = pd.get(SOURCE) if isinstance(pd, dict) else None
+    return data if isinstance(data, dict) else {}
+
+
+def merge_vendor_fields(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """Fold the vendor fields of a later stream fragment into those of earlier ones: objects merge
+    key by key, arrays extend, anything else replaces; ``null`` adds nothing."""
+    out = dict(old)
+    for k, v in new.items():
+        if v is None:
+            continue
+        cur = out.get(k)
+        if isinstance(cur, dict) and isinstance(v, dict):
+            out[k] = merge_vendor_fields(cur, v)
+        elif isinstance(cur, list) and isinstance(v, list):
+            out[k] = cur + v
+        else:
+            out[k] = v
+    return out
+
+
+def merge_reasoning_details(entries: list[Any], new: Any) -> list[Any]:
+    """OpenRouter's ``reasoning_details`` of one more chunk folded into ``entries``.
+
+    A stream sends an entry in pieces that share its ``index`` and ``type`` (``reasoning.text``
+    text a few tokens at a time): their ``text``/``summary``/``data`` strings are joined and other
+    keys kept from the first piece (a later value fills a missing one). Entries without an index,
+    or with a new one, are appended unchanged, so a non-streamed array comes back as received."""
+    out = list(entries)
+    for e in new if isinstance(new, list) else ():
+        if not isinstance(e, dict):
+            continue
+        idx = e.get("index")
+        at = None
+        if isinstance(idx, int):
+            at = next((j for j in range(len(out) - 1, -1, -1)
+                       if isinstance(out[j], dict) and out[j].get("index") == idx), None)
+        if at is None or out[at].get("type") != e.get("type"):
+            out.append(dict(e))
+            continue
+        merged = dict(out[at])
+        for k, v in e.items():
+            if k in ("text", "summary", "data") and isinstance(v, str) and isinstance(merged.get(k), str):
+                merged[k] = merged[k] + v
+            elif merged.get(k) is None:
+                merged[k] = v
+        out[at] = merged
+    return out
+
+
+_MISTRAL_ID = re.compile(r"[A-Za-z0-9]{9}")
+_B62 = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+
+
+class ToolIdMap:
+    """Call ids as a vendor requires them, the same for a call and its result.
+
+    ``mistral``: exactly 9 characters from ``[A-Za-z0-9]`` (Mistral answers 400 "Tool call id was
+    ... but must be a-z, A-Z, 0-9, with a length of 9" otherwise). An id already in that form is
+    kept; any other becomes 9 base-62 characters hashed from it, so the same history maps to the
+    same ids on every request; two ids that would map alike get distinct ones. ``None``: unchanged.
+    """
+
+    def __init__(self, style: str | None) -> None:
+        self.style = style
+        self._map: dict[str, str] = {}
+        self._used: dict[str, str] = {}
+
+    def __call__(self, call_id: str) -> str:
+        if self.style != "mistral":
+            return call_id
+        got = self._map.get(call_id)
+        if got is not None:
+            return got
+        n = 0
+        cand = call_id if _MISTRAL_ID.fullmatch(call_id) else self._hash(call_id, n)
+        while cand in self._used and self._used[cand] != call_id:
+            n += 1
+            cand = self._hash(call_id, n)
+        self._map[call_id] = cand
+        self._used[cand] = call_id
+        return cand
+
+    def reserve(self, call_id: str) -> None:
+        """Claim an id already in the vendor's form first, so that no hashed id takes it."""
+        if self.style == "mistral" and _MISTRAL_ID.fullmatch(call_id) and call_id not in self._used:
+            self._map[call_id] = call_id
+            self._used[call_id] = call_id
+
+    @staticmethod
+    def _hash(call_id: str, n: int) -> str:
+        num = int.from_bytes(hashlib.sha256(f"{call_id}#{n}".encode()).digest()[:12], "big")
+        chars = []
+        for _ in range(9):
+            num, r = divmod(num, 62)
+            chars.append(_B62[r])
+        return "".join(chars)
+
+
+def tool_call_to_wire(call: ToolUseBlock, *, vendor: str | None = None,
+                      ids: ToolIdMap | None = None) -> dict[str, Any]:
+    """A tool-use block as an OpenAI ``tool_calls`` entry; arguments always a JSON string (B11: ``"{}"``).
+
+    Vendor fields kept on the block (Gemini's ``extra_content.google.thought_signature``, C03) are
+    sent back when ``vendor`` is the endpoint that produced them, and never to another one."""
     args = call.raw_input if call.raw_input is not None else orjson.dumps(call.input).decode()
-    return {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": args}}
+    out: dict[str, Any] = {"id": ids(call.id) if ids else call.id, "type": "function",
+                           "function": {"name": call.name, "arguments": args}}
+    vd = vendor_data(call)
+    fields = vd.get("fields")
+    if vendor is not None and vd.get("vendor") == vendor and isinstance(fields, dict):
+        for k, v in fields.items():
+            if k not in _TOOL_CALL_KEYS:
+                out[k] = v
+    return out
+
+
+def _call_key(call: ToolUseBlock) -> tuple[str, str, str]:
+    args = call.raw_input if call.raw_input is not None else orjson.dumps(call.input, option=orjson.OPT_SORT_KEYS).decode()
+    return call.id, call.name, args
+
+
+def _answered_calls(messages: tuple[Message, ...]) -> set[tuple[int, int]]:
+    """(message index, call position) of every call a later tool result answers: a result belongs to
+    the nearest earlier assistant turn with a call of its id, the k-th result with id X to that
+    turn's k-th call with id X (ids reused every turn, or inside one, stay paired)."""
+    owners: dict[str, list[tuple[int, int]]] = {}
+    used: dict[str, int] = {}
+    out: set[tuple[int, int]] = set()
+    for i, m in enumerate(messages):
+        if isinstance(m, AssistantMessage):
+            turn: dict[str, list[tuple[int, int]]] = {}
+            for pos, c in enumerate(m.tool_calls):
+                turn.setdefault(c.id, []).append((i, pos))
+            for cid, occ in turn.items():
+                owners[cid] = occ
+                used[cid] = 0
+        elif isinstance(m, ToolResultMessage):
+            owned = owners.get(m.tool_call_id)
+            if owned is not None and used[m.tool_call_id] < len(owned):
+                out.add(owned[used[m.tool_call_id]])
+                used[m.tool_call_id] += 1
+    return out
+
+
+def _reasoning_fields(m: AssistantMessage, *, has_calls: bool, vendor: str | None,
+                      reasoning_field: str | None, echo_reasoning: bool) -> dict[str, Any]:
+    """The reasoning wire fields of one assistant turn.
+
+    A thinking block this protocol decoded records the endpoint it came from and the field name;
+    to that same endpoint its text goes back under that field on every tool-call turn (Kimi,
+    DeepSeek, vLLM templates read it there: C05, B06), and on other turns when the profile echoes
+    reasoning; its OpenRouter ``reasoning_details`` go back unchanged (C04). To any other endpoint
+    nothing of it is sent. A block with no such record (older sessions, hand-built histories) goes
+    back under the profile's ``reasoning_field`` when the profile echoes reasoning (B06)."""
+    texts: dict[str, list[str]] = {}
+    details: list[Any] = []
+    for b in m.content:
+        if not isinstance(b, ThinkingBlock) or b.source not in (None, SOURCE):
+            continue
+        vd = vendor_data(b)
+        if vd.get("vendor") is not None:
+            if vendor is None or vd["vendor"] != vendor:
+                continue  # another vendor's reasoning: never sent here
+            if isinstance(vd.get("reasoning_details"), list):
+                details += vd["reasoning_details"]
+            name = vd.get("field")
+            if b.thinking and isinstance(name, str) and (has_calls or echo_reasoning):
+                texts.setdefault(name, []).append(b.thinking)
+        elif reasoning_field and echo_reasoning and b.thinking:
+            texts.setdefault(reasoning_field, []).append(b.thinking)
+    out: dict[str, Any] = {}
+    if details:
+        out["reasoning_details"] = details  # it holds the text too: no second copy under "reasoning"
+        texts.pop("reasoning", None)
+    for name, parts in texts.items():
+        text = "".join(parts)
+        if text:
+            out[name] = text
+    return out
 
 
 def messages_to_wire(messages: tuple[Message, ...], *, system_role: str = "system",
-                     reasoning_field: str | None = None, echo_reasoning: bool = False) -> list[dict[str, Any]]:
+                     reasoning_field: str | None = None, echo_reasoning: bool = False,
+                     vendor: str | None = None, tool_ids: str | None = None,
+                     foreign_call_signature: str | None = None) -> list[dict[str, Any]]:
     """Neutral messages as Chat Completions ``messages``.
 
-    Assistant turns with tool calls and no text send ``content: null`` (B04);
-    whitespace-only assistant turns without tool calls are dropped (B04).
-    ``reasoning_field`` is sent only when the profile names one and
-    ``echo_reasoning`` is set, verbatim and never empty (B06).
+    * Assistant turns with tool calls and no text send ``content: null`` (B04); whitespace-only
+      assistant turns without tool calls are dropped (B04).
+    * Reasoning and vendor fields go back only to the endpoint ``vendor`` that produced them
+      (:func:`_reasoning_fields`, :func:`tool_call_to_wire`).
+    * A call given twice (twice in one turn, or repeated in a later turn before or without a result
+      of its own: same id, name and arguments) is sent once, with one result; a second result for an
+      answered call is dropped. The same id reused for a call with a result of its own is a new call.
+    * ``tool_ids="mistral"``: ids in Mistral's form, the same for each call and its result.
+    * ``foreign_call_signature`` (Gemini): the first call of a turn that another vendor made (or one
+      with no record) carries this documented placeholder signature, as Gemini requires a signature
+      there; calls Gemini made itself go back exactly as they came.
+    * A request never ends in an assistant turn without calls, which servers read as a prefill (or
+      refuse): a user turn asking to continue follows it. Message ``provider_data`` (the driver's
+      ``interrupted`` marker) is never sent.
     """
-    out: list[dict[str, Any]] = []
+    ids = ToolIdMap(tool_ids)
     for m in messages:
+        if isinstance(m, AssistantMessage):
+            for c in m.tool_calls:
+                ids.reserve(c.id)
+    answered = _answered_calls(messages)
+    kept: dict[str, dict[str, Any]] = {}  # id -> keys of the calls sent with it, results still owed
+    out: list[dict[str, Any]] = []
+    last_cut = False
+    for i, m in enumerate(messages):
         if isinstance(m, SystemMessage):
             out.append({"role": system_role, "content": m.text})
         elif isinstance(m, UserMessage):
@@ -173,34 +403,79 @@ def messages_to_wire(messages: tuple[Message, ...], *, system_role: str = "syste
             out.append({"role": "user", "content": [
                 {"type": "image_url", "image_url": {"url": _data_url(m.data, m.mime_type), "detail": m.detail}}]})
         elif isinstance(m, AssistantMessage):
-            calls = [tool_call_to_wire(c) for c in m.tool_calls]
+            calls = []
+            sent: list[ToolUseBlock] = []
+            for pos, c in enumerate(m.tool_calls):
+                key = _call_key(c)
+                st = kept.get(c.id)
+                if st is not None and key in st["keys"] and (st["open"] or (i, pos) not in answered):
+                    continue  # the same call again: sent once
+                if st is None or not st["open"]:
+                    st = kept[c.id] = {"keys": [], "open": 0}
+                st["keys"].append(key)
+                st["open"] += 1
+                calls.append(tool_call_to_wire(c, vendor=vendor, ids=ids))
+                sent.append(c)
+            if (calls and foreign_call_signature and vendor_data(sent[0]).get("vendor") != vendor
+                    and "extra_content" not in calls[0]):
+                calls[0]["extra_content"] = {"google": {"thought_signature": foreign_call_signature}}
             text = m.text
             if not calls and not text.strip():
                 continue
             msg: dict[str, Any] = {"role": "assistant", "content": text if text.strip() else None}
             if calls:
                 msg["tool_calls"] = calls
-            if reasoning_field and echo_reasoning:
-                reasoning = "".join(
-                    b.thinking for b in m.content if isinstance(b, ThinkingBlock) and b.source in (None, SOURCE)
-                )
-                if reasoning:
-                    msg[reasoning_field] = reasoning
+            msg.update(_reasoning_fields(m, has_calls=bool(calls), vendor=vendor, reasoning_field=reasoning_field,
+                                         echo_reasoning=echo_reasoning))
             out.append(msg)
+            last_cut = bool((m.provider_data or {}).get("interrupted"))
         elif isinstance(m, ToolResultMessage):
-            out.append({"role": "tool", "tool_call_id": m.tool_call_id, "content": m.text})
+            st = kept.get(m.tool_call_id)
+            if st is not None:
+                if not st["open"]:
+                    continue  # a second result for a call already answered
+                st["open"] -= 1
+            out.append({"role": "tool", "tool_call_id": ids(m.tool_call_id), "content": m.text})
+    if out and out[-1]["role"] == "assistant" and not out[-1].get("tool_calls"):
+        out.append({"role": "user", "content": CONTINUE_AFTER_CUT if last_cut else CONTINUE})
     return out
 
 
 # ---------------------------------------------------------------------------- response
-def parse_choice_message(msg: dict[str, Any], reasoning_keys: tuple[str, ...] = ("reasoning_content", "reasoning")) -> tuple[list[Any], str | None]:
-    """(content blocks, refusal) of one ``choices[i].message``."""
+def _thinking_data(vendor: str | None, field_name: str | None,
+                   details: list[Any] | None = None) -> dict[str, Any] | None:
+    rec: dict[str, Any] = {}
+    if vendor is not None:
+        rec["vendor"] = vendor
+    if field_name is not None:
+        rec["field"] = field_name
+    if details:
+        rec["reasoning_details"] = details
+    return {SOURCE: rec} if rec else None
+
+
+def _tool_vendor_fields(tc: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in tc.items() if k not in _TOOL_CALL_KEYS and v is not None}
+
+
+def parse_choice_message(msg: dict[str, Any], reasoning_keys: tuple[str, ...] = ("reasoning_content", "reasoning"),
+                         vendor: str | None = None) -> tuple[list[Any], str | None]:
+    """(content blocks, refusal) of one ``choices[i].message``.
+
+    Reasoning text becomes a thinking block that records ``vendor`` and the field it came under;
+    OpenRouter's ``reasoning_details`` are kept on it as received (on an empty thinking block when
+    no text came); a tool call's vendor fields (``extra_content``) are kept on its block."""
     blocks: list[Any] = []
+    details = msg.get("reasoning_details")
+    details = [d for d in details if isinstance(d, dict)] if isinstance(details, list) else []
     for key in reasoning_keys:
         r = msg.get(key)
         if isinstance(r, str) and r:
-            blocks.append(ThinkingBlock(r, source=SOURCE))
+            blocks.append(ThinkingBlock(r, source=SOURCE, provider_data=_thinking_data(vendor, key, details)))
             break
+    else:
+        if details:
+            blocks.append(ThinkingBlock("", source=SOURCE, provider_data=_thinking_data(vendor, None, details)))
     content = msg.get("content")
     if isinstance(content, str) and content:
         blocks.append(TextBlock(content))
@@ -217,7 +492,9 @@ def parse_choice_message(msg: dict[str, Any], reasoning_keys: tuple[str, ...] = 
             inp, raw = args, None
         else:
             inp, raw = parse_tool_arguments(args)
-        blocks.append(ToolUseBlock(tc.get("id") or f"call_{i}", fn.get("name") or "", inp, raw))
+        fields = _tool_vendor_fields(tc)
+        pdata = {SOURCE: {"vendor": vendor, "fields": fields}} if fields else None
+        blocks.append(ToolUseBlock(tc.get("id") or f"call_{i}", fn.get("name") or "", inp, raw, pdata))
     fc = msg.get("function_call")
     if isinstance(fc, dict) and fc.get("name"):
         inp, raw = parse_tool_arguments(fc.get("arguments"))
@@ -226,7 +503,7 @@ def parse_choice_message(msg: dict[str, Any], reasoning_keys: tuple[str, ...] = 
     return blocks, refusal if isinstance(refusal, str) and refusal else None
 
 
-def parse_completion(data: dict[str, Any], provider: str) -> MessageResponse:
+def parse_completion(data: dict[str, Any], provider: str, vendor: str | None = None) -> MessageResponse:
     """A Chat Completions response body into a :class:`MessageResponse` (choice 0; others in ``extra``)."""
     choices = data.get("choices") or []
     blocks: list[Any] = []
@@ -234,7 +511,7 @@ def parse_completion(data: dict[str, Any], provider: str) -> MessageResponse:
     raw_finish = None
     if choices:
         first = choices[0]
-        blocks, refusal = parse_choice_message(first.get("message") or {})
+        blocks, refusal = parse_choice_message(first.get("message") or {}, vendor=vendor)
         raw_finish = first.get("finish_reason")
     has_tools = any(isinstance(b, ToolUseBlock) for b in blocks)
     has_text = any(isinstance(b, TextBlock) for b in blocks)
@@ -247,7 +524,7 @@ def parse_completion(data: dict[str, Any], provider: str) -> MessageResponse:
     if len(choices) > 1:
         others = []
         for c in choices[1:]:
-            b, r = parse_choice_message(c.get("message") or {})
+            b, r = parse_choice_message(c.get("message") or {}, vendor=vendor)
             others.append({
                 "index": c.get("index"),
                 "message": unstructure(AssistantMessage(tuple(b))),
@@ -273,6 +550,10 @@ def parse_completion(data: dict[str, Any], provider: str) -> MessageResponse:
 class _Slot:
     block: int
     id: str
+    fields: dict[str, Any] = field(factory=dict)
+    """Vendor fields of the call so far (keys of its fragments outside the protocol's)."""
+    start_fields: dict[str, Any] = field(factory=dict)
+    """The vendor fields sent with its ContentBlockStart."""
 
 
 @define(slots=True)
@@ -283,16 +564,29 @@ class _Choice:
     emit: bool
     text: int | None = None
     thinking: int | None = None
+    thinking_field: str | None = None
     slots: dict[int, _Slot] = field(factory=dict)
+    """The call at each wire index (a fragment without ``index`` uses its position in the delta)."""
+    by_id: dict[str, _Slot] = field(factory=dict)
+    order: list[_Slot] = field(factory=list)
+    last: _Slot | None = None
     finish: str | None = None
     fn_slot: int | None = None
+    rd_block: int | None = None
+    """The thinking block that holds OpenRouter's ``reasoning_details``; it ends with the stream."""
+    rd: list[Any] = field(factory=list)
+    rd_field: str | None = None
 
 
 class OpenAIChatStreamParser:
-    """Chat Completions chunks into stream events (choice 0; other choices aggregated into ``extra``)."""
+    """Chat Completions chunks into stream events (choice 0; other choices aggregated into ``extra``).
 
-    def __init__(self, provider: str = "openai") -> None:
+    ``vendor`` (see :attr:`OpenAIChatProvider.vendor`) is recorded on the thinking blocks and on the
+    vendor fields of tool calls, so that they go back only to the endpoint that produced them."""
+
+    def __init__(self, provider: str = "openai", vendor: str | None = None) -> None:
         self.provider = provider
+        self.vendor = vendor
         self.partial = PartialMessageResponse(provider=provider, source=SOURCE)
         self._choices: dict[int, _Choice] = {0: _Choice(self.partial, True)}
         self._started = False
@@ -357,16 +651,30 @@ class OpenAIChatStreamParser:
         sink: list[StreamEvent] = out if c.emit else []
         p = c.partial
         delta = choice.get("delta") or {}
-        reasoning = delta.get("reasoning_content")
+        key = "reasoning_content"
+        reasoning = delta.get(key)
         if not reasoning:
-            reasoning = delta.get("reasoning")
+            key = "reasoning"
+            reasoning = delta.get(key)
         if isinstance(reasoning, str) and reasoning:
             if c.thinking is None:
                 self._close_text(c, sink)
-                c.thinking = self._start(p, sink, ContentBlockStart(len(p.blocks), "thinking"))
+                c.thinking_field = key
+                c.thinking = self._start(p, sink, ContentBlockStart(len(p.blocks), "thinking",
+                                                                    data=_thinking_data(self.vendor, key)))
             ev: StreamEvent = ThinkingDelta(c.thinking, reasoning)
             p.apply(ev)
             sink.append(ev)
+        details = delta.get("reasoning_details")
+        if isinstance(details, list) and details:
+            if c.rd_block is None:
+                if c.thinking is not None:
+                    c.rd_block = c.thinking
+                    c.rd_field = c.thinking_field
+                else:  # encrypted-only reasoning: an empty thinking block carries it
+                    c.rd_block = self._start(p, sink, ContentBlockStart(len(p.blocks), "thinking",
+                                                                        data=_thinking_data(self.vendor, None)))
+            c.rd = merge_reasoning_details(c.rd, details)
         content = delta.get("content")
         if isinstance(content, str) and content:
             if c.text is None:
@@ -384,7 +692,8 @@ class OpenAIChatStreamParser:
         if tool_calls:
             self._close_thinking(c, sink)
             for pos, tc in enumerate(tool_calls):
-                self._tool_fragment(c, p, tc, pos, sink)
+                if isinstance(tc, dict):
+                    self._tool_fragment(c, p, tc, pos, sink)
         fc = delta.get("function_call")
         if isinstance(fc, dict):
             self._tool_fragment(c, p, {"index": -1, "id": "call_function" if c.fn_slot is None else "",
@@ -397,30 +706,57 @@ class OpenAIChatStreamParser:
 
     def _tool_fragment(self, c: _Choice, p: PartialMessageResponse, tc: dict[str, Any], pos: int,
                        sink: list[StreamEvent]) -> None:
-        widx = tc.get("index")
-        if not isinstance(widx, int):
-            widx = pos
+        """One ``tool_calls`` fragment: which call it continues, or the call it starts.
+
+        * With an ``index``: the call at that index; a new non-empty ``id`` there starts a new call
+          (B08), ``"id": ""`` continues it.
+        * Without one: a known ``id`` continues that call, wherever it is (a parallel call's later
+          fragment); a new ``id`` starts a call (Gemini sends each call whole, unindexed: C03); no
+          ``id`` continues the latest call (or the one at its position in the delta).
+        """
+        raw_index = tc.get("index")
+        explicit = isinstance(raw_index, int) and not isinstance(raw_index, bool)
+        widx: int = raw_index if explicit and isinstance(raw_index, int) else pos
         tid = tc.get("id") or ""
+        if not isinstance(tid, str):
+            tid = str(tid)
         fn = tc.get("function") or {}
+        if not isinstance(fn, dict):
+            fn = {}
         name = fn.get("name") or ""
         args = fn.get("arguments")
-        slot = c.slots.get(widx)
-        if slot is not None and tid and slot.id and tid != slot.id:
-            # B08: a new id at an index in use starts a new call.
-            self._end_tool(p, slot.block, sink)
-            slot = None
+        fields = _tool_vendor_fields(tc)
+        slot: _Slot | None = None
+        if explicit:
+            slot = c.slots.get(widx)
+            if slot is not None and tid and slot.id and tid != slot.id:
+                # B08: a new id at an index in use starts a new call.
+                self._end_tool(c, p, slot, sink)
+                slot = None
+        elif tid:
+            slot = c.by_id.get(tid)
+        else:
+            slot = c.last if pos == 0 and c.last is not None else c.slots.get(widx)
         if slot is None:
             self._close_text(c, sink)
-            block = self._start(p, sink, ContentBlockStart(len(p.blocks), "tool_use", tid, name))
-            slot = _Slot(block, tid)
+            data = {SOURCE: {"vendor": self.vendor, "fields": fields}} if fields else None
+            block = self._start(p, sink, ContentBlockStart(len(p.blocks), "tool_use", tid, name, data))
+            slot = _Slot(block, tid, dict(fields), dict(fields))
             c.slots[widx] = slot
+            c.order.append(slot)
+            if tid:
+                c.by_id.setdefault(tid, slot)
         else:
             b = p.blocks[slot.block]
             if tid and not slot.id:
                 slot.id = tid
                 b.id = tid
+                c.by_id.setdefault(tid, slot)
             if name and not b.name:
                 b.name = name  # names are set once, never concatenated (B08)
+            if fields:
+                slot.fields = merge_vendor_fields(slot.fields, fields)
+        c.last = slot
         if isinstance(args, dict):
             args = orjson.dumps(args).decode() if args else ""
         if isinstance(args, str) and args:
@@ -434,14 +770,20 @@ class OpenAIChatStreamParser:
         sink.append(ev)
         return ev.index
 
-    @staticmethod
-    def _end_tool(p: PartialMessageResponse, index: int, sink: list[StreamEvent]) -> None:
+    def _end_tool(self, c: _Choice, p: PartialMessageResponse, slot: _Slot, sink: list[StreamEvent]) -> None:
+        index = slot.block
         if p.blocks[index].closed:
             return
-        ev = ToolCallEnd(index, p.tool_block(index))
+        call = p.tool_block(index)
+        data = None
+        if slot.fields != slot.start_fields:  # vendor fields that came after the first fragment
+            data = {SOURCE: {"vendor": self.vendor, "fields": slot.fields}}
+            call = evolve(call, provider_data={**(call.provider_data or {}), **data})
+        ev = ToolCallEnd(index, call)
         p.apply(ev)
         sink.append(ev)
-        end = ContentBlockEnd(index)
+        end = ContentBlockEnd(index, data)
+        p.apply(end)
         sink.append(end)
 
     @staticmethod
@@ -455,10 +797,18 @@ class OpenAIChatStreamParser:
     @staticmethod
     def _close_thinking(c: _Choice, sink: list[StreamEvent]) -> None:
         if c.thinking is not None:
-            ev = ContentBlockEnd(c.thinking)
-            c.partial.apply(ev)
-            sink.append(ev)
+            if c.thinking != c.rd_block:  # the block holding reasoning_details ends with the stream
+                ev = ContentBlockEnd(c.thinking)
+                c.partial.apply(ev)
+                sink.append(ev)
             c.thinking = None
+
+    def _end_details(self, c: _Choice, sink: list[StreamEvent]) -> None:
+        if c.rd_block is None or c.partial.blocks[c.rd_block].closed:
+            return
+        ev = ContentBlockEnd(c.rd_block, _thinking_data(self.vendor, c.rd_field, c.rd))
+        c.partial.apply(ev)
+        sink.append(ev)
 
     def finish(self) -> list[StreamEvent]:
         main = self._choices[0]
@@ -479,8 +829,9 @@ class OpenAIChatStreamParser:
             sink: list[StreamEvent] = out if c.emit else []
             self._close_thinking(c, sink)
             self._close_text(c, sink)
-            for slot in c.slots.values():
-                self._end_tool(c.partial, slot.block, sink)
+            self._end_details(c, sink)
+            for slot in c.order:
+                self._end_tool(c, c.partial, slot, sink)
             resp = c.partial.snapshot()
             refusal = resp.refusal
             stop = _final_stop(c.finish, bool(resp.tool_calls), refusal, bool(resp.text))
@@ -504,6 +855,17 @@ class OpenAIChatProvider(HttpProvider):
 
     protocol = "openai-chat"
 
+    @property
+    def vendor(self) -> str:
+        """The endpoint this provider talks to, as recorded on what it decodes: the profile name, plus
+        ``@host[:port]`` when the base URL is not the profile's own (any ``openai-compatible`` or
+        local server). Reasoning and vendor fields are sent back only to the same vendor."""
+        from urllib.parse import urlsplit
+
+        host = urlsplit(self.base_url).netloc
+        own = urlsplit(self.profile.base_url).netloc if self.profile.base_url else None
+        return self.profile.name if host == own else f"{self.profile.name}@{host}"
+
     def endpoint(self, request: MessageRequest, stream: bool) -> str:
         return "/chat/completions"
 
@@ -516,6 +878,9 @@ class OpenAIChatProvider(HttpProvider):
                 system_role=prof.option("system_role", "system"),
                 reasoning_field=prof.reasoning_field,
                 echo_reasoning=prof.echo_reasoning,
+                vendor=self.vendor,
+                tool_ids=prof.option("tool_ids"),
+                foreign_call_signature=prof.option("foreign_call_signature"),
             ),
         }
         if request.tools:
@@ -545,28 +910,51 @@ class OpenAIChatProvider(HttpProvider):
         rf = response_format_of(request)  # output_schema → json_schema unless response_format is given
         if rf is not None:
             body["response_format"] = rf
+        param = prof.option("thinking_param")
         if request.thinking is not None:
-            param = prof.option("thinking_param")
+            th = request.thinking
             if param == "enable_thinking":  # Qwen / DashScope
-                body["enable_thinking"] = request.thinking.enabled
-                if request.thinking.budget_tokens:
-                    body["thinking_budget"] = request.thinking.budget_tokens
-            elif param == "thinking":  # DeepSeek V3.1+
-                body["thinking"] = {"type": "enabled" if request.thinking.enabled else "disabled"}
-            elif request.thinking.effort:
-                body["reasoning_effort"] = request.thinking.effort
+                body["enable_thinking"] = th.enabled
+                if th.budget_tokens:
+                    body["thinking_budget"] = th.budget_tokens
+            elif param == "thinking":  # DeepSeek V3.1+, Kimi K2.5+
+                body["thinking"] = {"type": "enabled" if th.enabled else "disabled"}
+            elif param == "reasoning":  # OpenRouter's unified reasoning object: effort or max_tokens, not both
+                if not th.enabled:
+                    body["reasoning"] = {"enabled": False}
+                elif th.effort:
+                    body["reasoning"] = {"effort": th.effort}
+                elif th.budget_tokens:
+                    body["reasoning"] = {"max_tokens": th.budget_tokens}
+                else:
+                    body["reasoning"] = {"enabled": True}
+            elif param == "chat_template_kwargs":  # vLLM / SGLang: the model's chat template switches it
+                body["chat_template_kwargs"] = {"enable_thinking": th.enabled, "thinking": th.enabled}
+                if th.effort:
+                    body["reasoning_effort"] = th.effort
+            elif th.effort:
+                body["reasoning_effort"] = th.effort
         if stream:
             body["stream"] = True
             if prof.stream_usage:
                 body["stream_options"] = {"include_usage": True}
+        elif prof.option("thinking_streamed_only"):
+            # DashScope (C09): open-source Qwen3 models think by default, and thinking is allowed only on
+            # streamed calls ("parameter.enable_thinking must be set to false for non-streaming calls").
+            if request.thinking is not None and request.thinking.enabled:
+                body["stream"] = True  # thinking asked for: stream it; chat() reads the event stream whole
+                if prof.stream_usage:
+                    body["stream_options"] = {"include_usage": True}
+            else:
+                body["enable_thinking"] = False
         wire_extra = request.extra.get("body")
         if isinstance(wire_extra, dict):
             body.update(wire_extra)
         return body
 
     def parse_response(self, data: dict[str, Any]) -> MessageResponse:
-        return parse_completion(data, self.name)
+        return parse_completion(data, self.name, self.vendor)
 
     def stream_parser(self) -> StreamParser:
-        return OpenAIChatStreamParser(self.name)
+        return OpenAIChatStreamParser(self.name, self.vendor)
 

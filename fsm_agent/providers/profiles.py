@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import enum
+from urllib.parse import urlsplit
 
 from attrs import evolve
 
 from ..errors import ConfigurationError
 from .base import Profile, Provider, ProviderCapabilities, ProviderConfig, ToolMode
 
-__all__ = ["PROFILES", "ProviderType", "create_provider", "get_profile"]
+__all__ = ["PROFILES", "ProviderType", "create_provider", "detect_profile", "get_profile"]
 
 
 class ProviderType(str, enum.Enum):
@@ -24,6 +25,20 @@ class ProviderType(str, enum.Enum):
     """Any other server speaking Chat Completions (vLLM, Ollama, OpenRouter, Groq ...); needs ``base_url``."""
     LLAMACPP = "llamacpp"
     """A llama.cpp ``llama-server`` (the embedded default); constrained tool calling."""
+    GEMINI = "gemini"
+    """Google Gemini's OpenAI-compatible endpoint (tool-call ``thought_signature`` round trip)."""
+    OPENROUTER = "openrouter"
+    """OpenRouter (``reasoning_details`` round trip)."""
+    MOONSHOT = "moonshot"
+    """Moonshot Kimi (``reasoning_content`` echoed on tool-call turns)."""
+    MISTRAL = "mistral"
+    """Mistral La Plateforme (9-character alphanumeric tool-call ids)."""
+    VLLM = "vllm"
+    """A vLLM server (``--base-url``; default ``http://localhost:8000/v1``)."""
+    SGLANG = "sglang"
+    """An SGLang server (``--base-url``; default ``http://localhost:30000/v1``)."""
+    OLLAMA = "ollama"
+    """Ollama's OpenAI-compatible endpoint (default ``http://localhost:11434/v1``)."""
 
 
 PROFILES: dict[str, Profile] = {
@@ -79,7 +94,9 @@ PROFILES: dict[str, Profile] = {
         reasoning_field="reasoning_content",
         echo_reasoning=True,
         default_model="qwen-plus",
-        options=(("thinking_param", "enable_thinking"),),
+        # DashScope allows thinking only on streamed calls (C09): a non-streamed call sends
+        # enable_thinking: false, or streams when thinking was asked for
+        options=(("thinking_param", "enable_thinking"), ("thinking_streamed_only", True)),
         capabilities=ProviderCapabilities(thinking=True, images=True, context_window=131_072),
     ),
     "openai-compatible": Profile(
@@ -100,8 +117,117 @@ PROFILES: dict[str, Profile] = {
         default_max_tokens=1024,
         capabilities=ProviderCapabilities(parallel_tools=False, context_window=8192),
     ),
+    "gemini": Profile(
+        name="gemini",
+        protocol="openai-chat",
+        base_url="https://generativelanguage.googleapis.com/v1beta/openai",
+        api_key_env=("GEMINI_API_KEY", "GOOGLE_API_KEY"),
+        default_model="gemini-2.5-flash",
+        # tool calls carry extra_content.google.thought_signature, kept on the block and sent back (C03);
+        # a call another vendor made gets the placeholder Google documents for calls it did not sign
+        options=(("foreign_call_signature", "skip_thought_signature_validator"),),
+        capabilities=ProviderCapabilities(thinking=True, images=True, context_window=1_048_576),
+    ),
+    "openrouter": Profile(
+        name="openrouter",
+        protocol="openai-chat",
+        base_url="https://openrouter.ai/api/v1",
+        api_key_env=("OPENROUTER_API_KEY",),
+        reasoning_field="reasoning",
+        default_model="openrouter/auto",
+        # reasoning_details (text, summary and encrypted entries) go back unchanged on the assistant turn (C04)
+        options=(("thinking_param", "reasoning"),),
+        capabilities=ProviderCapabilities(thinking=True, images=True),
+    ),
+    "moonshot": Profile(
+        name="moonshot",
+        protocol="openai-chat",
+        base_url="https://api.moonshot.ai/v1",
+        api_key_env=("MOONSHOT_API_KEY", "KIMI_API_KEY"),
+        reasoning_field="reasoning_content",
+        echo_reasoning=True,  # Kimi thinking mode rejects a tool-call turn without its reasoning_content (C05)
+        default_model="kimi-k2.5",
+        options=(("thinking_param", "thinking"),),
+        capabilities=ProviderCapabilities(thinking=True, images=True, context_window=262_144),
+    ),
+    "mistral": Profile(
+        name="mistral",
+        protocol="openai-chat",
+        base_url="https://api.mistral.ai/v1",
+        api_key_env=("MISTRAL_API_KEY",),
+        default_model="mistral-small-latest",
+        # Mistral sends usage in the last chunk unasked and refuses parameters it does not define
+        stream_usage=False,
+        options=(("tool_ids", "mistral"),),
+        capabilities=ProviderCapabilities(images=True, context_window=128_000),
+    ),
+    "vllm": Profile(
+        name="vllm",
+        protocol="openai-chat",
+        base_url="http://localhost:8000/v1",
+        api_key_env=("VLLM_API_KEY",),
+        reasoning_field="reasoning_content",
+        options=(("thinking_param", "chat_template_kwargs"),),
+        capabilities=ProviderCapabilities(thinking=True),
+    ),
+    "sglang": Profile(
+        name="sglang",
+        protocol="openai-chat",
+        base_url="http://localhost:30000/v1",
+        api_key_env=("SGLANG_API_KEY",),
+        reasoning_field="reasoning_content",
+        options=(("thinking_param", "chat_template_kwargs"),),
+        capabilities=ProviderCapabilities(thinking=True),
+    ),
+    "ollama": Profile(
+        name="ollama",
+        protocol="openai-chat",
+        base_url="http://localhost:11434/v1",
+        api_key_env=("OLLAMA_API_KEY",),
+        reasoning_field="reasoning",
+        capabilities=ProviderCapabilities(thinking=True),
+    ),
 }
-"""Built-in profiles by name."""
+"""Built-in profiles by name.
+
+Finish-reason habits need no profile of their own: for every Chat server the calls in the message
+decide the stop reason (vLLM's ``tool_calls`` with no call, C01; a trailing ``stop`` after
+``tool_calls`` or Ollama's ``stop`` with calls, C02)."""
+
+_HOSTS: tuple[tuple[str, str], ...] = (
+    ("generativelanguage.googleapis.com", "gemini"),
+    ("openrouter.ai", "openrouter"),
+    ("api.moonshot.ai", "moonshot"),
+    ("api.moonshot.cn", "moonshot"),
+    ("api.mistral.ai", "mistral"),
+    ("api.deepseek.com", "deepseek"),
+    ("dashscope.aliyuncs.com", "qwen"),
+    ("dashscope-intl.aliyuncs.com", "qwen"),
+)
+_LOCAL_PORTS = {11434: "ollama"}
+_GENERIC = frozenset({ProviderType.OPENAI_CHAT, ProviderType.OPENAI_COMPATIBLE})
+
+
+def detect_profile(base_url: str | None) -> str | None:
+    """The vendor profile a base URL belongs to, or ``None`` when it does not tell.
+
+    Known hosts (and their subdomains): Gemini, OpenRouter, Moonshot (``.ai`` and ``.cn``), Mistral,
+    DeepSeek, DashScope; Ollama by its default port 11434. vLLM and SGLang have no telling URL:
+    choose them by name (``--provider vllm``)."""
+    if not base_url:
+        return None
+    try:
+        parts = urlsplit(base_url)
+        host, port = (parts.hostname or "").lower(), parts.port
+    except ValueError:
+        return None
+    for known, name in _HOSTS:
+        if host == known or host.endswith("." + known):
+            return name
+    if port is not None and port in _LOCAL_PORTS:
+        return _LOCAL_PORTS[port]
+    return None
+
 
 
 def get_profile(name: str) -> Profile:
@@ -129,12 +255,17 @@ def create_provider(kind: ProviderType | str, config: ProviderConfig | None = No
             f"unknown provider {kind!r}; known: {', '.join(p.value for p in ProviderType)}"
         ) from None
     config = config or ProviderConfig()
+    if kind in _GENERIC:  # "openai" or "openai-compatible" at a vendor's URL: that vendor's profile
+        detected = detect_profile(config.base_url)
+        if detected is not None:
+            kind = ProviderType(detected)
     match kind:
-        case ProviderType.OPENAI_CHAT | ProviderType.DEEPSEEK | ProviderType.QWEN | ProviderType.LLAMACPP:
+        case (ProviderType.OPENAI_CHAT | ProviderType.DEEPSEEK | ProviderType.QWEN | ProviderType.LLAMACPP
+              | ProviderType.GEMINI | ProviderType.OPENROUTER | ProviderType.MOONSHOT | ProviderType.MISTRAL):
             from .openai_chat import OpenAIChatProvider
 
             return OpenAIChatProvider(PROFILES[kind.value], config)
-        case ProviderType.OPENAI_COMPATIBLE:
+        case ProviderType.OPENAI_COMPATIBLE | ProviderType.VLLM | ProviderType.SGLANG | ProviderType.OLLAMA:
             from .openai_chat import OpenAIChatProvider
 
             profile = PROFILES[kind.value]
