@@ -331,6 +331,12 @@ def repair_messages(messages: Sequence[Message], *, rules: ProviderRules = RULES
     return normalize_tool_call_ids(out, rules)
 
 
+_CACHE_SIZE = 8192
+"""Entries a :class:`MessageRepair` token cache holds before it starts again (bounds memory)."""
+_BASE_TOKENS = count_message_tokens(())
+"""Tokens of an empty message list (the reply priming): each message adds its own on top."""
+
+
 class MessageRepair(Middleware):
     """PreTurn middleware: :func:`repair_messages` on ``ctx.messages`` before every model call.
 
@@ -367,6 +373,10 @@ class MessageRepair(Middleware):
         self.keep_last_turns = keep_last_turns
         self.tool_result_max_chars = tool_result_max_chars
         self.protocol = protocol
+        self._message_tokens: dict[int, tuple[Message, int]] = {}
+        """Tokens of messages seen, by ``id`` (the message is kept to check identity); shared by runs."""
+        self._tool_tokens: dict[tuple[int, ...], tuple[tuple[object, ...], int]] = {}
+        """Tokens of tool-definition tuples offered, by the definitions' ``id``s."""
 
     def rules(self, ctx: RunContext) -> ProviderRules:
         """The rules for this run's provider."""
@@ -387,14 +397,34 @@ class MessageRepair(Middleware):
         budget = window - reserve
         if settings.tools_enabled and len(ctx.tools):
             tools = ctx.tools.definitions(settings.active_tools)
-            budget -= estimate_request_tokens(MessageRequest("", (), tools=tools))
+            key = tuple(map(id, tools))
+            hit = self._tool_tokens.get(key)
+            if hit is None or any(a is not b for a, b in zip(hit[0], tools, strict=True)):
+                if len(self._tool_tokens) >= _CACHE_SIZE:
+                    self._tool_tokens.clear()
+                hit = self._tool_tokens[key] = (tools, estimate_request_tokens(MessageRequest("", (), tools=tools)))
+            budget -= hit[1]
         if ctx.context_retry:
             budget = int(budget * self.retry_budget_ratio)
         return max(budget, 0)
 
+    def count(self, messages: Sequence[Message]) -> int:
+        """``count_message_tokens(messages)``, each message counted once: messages are frozen, so a
+        message's tokens are kept (by identity) and the whole transcript is not re-tokenized every
+        turn. The count is additive, so the sum is the same."""
+        cache, total = self._message_tokens, _BASE_TOKENS
+        for m in messages:
+            hit = cache.get(id(m))
+            if hit is None or hit[0] is not m:
+                if len(cache) >= _CACHE_SIZE:
+                    cache.clear()
+                hit = cache[id(m)] = (m, count_message_tokens((m,)) - _BASE_TOKENS)
+            total += hit[1]
+        return total
+
     def pre_turn(self, ctx: RunContext) -> None:
         ctx.messages = repair_messages(
-            ctx.messages, rules=self.rules(ctx), budget_tokens=self.budget(ctx),
+            ctx.messages, rules=self.rules(ctx), budget_tokens=self.budget(ctx), count=self.count,
             keep_last_turns=self.keep_last_turns, tool_result_max_chars=self.tool_result_max_chars)
 
     def __repr__(self) -> str:

@@ -148,6 +148,8 @@ class Driver:
         """Seq of the last ``transition`` event (the input of a turn resumed in MidTurn)."""
         self._turn: dict[str, Any] | None = None
         """The current turn's record, filled as the turn goes (written as a ``turn`` event at its end)."""
+        self._sent_forms: dict[int, tuple[Message, Any]] = {}
+        """The last request's messages and their unstructured forms, by ``id`` (for the context hash)."""
         self._warned_tools = False
         self._verdict: str | None = None
         """PostTurn's verdict, for the record of the turn that ends the run."""
@@ -234,9 +236,27 @@ class Driver:
         if j is None:
             self._turn = None
             return
-        digest = hashlib.sha256(orjson.dumps(unstructure(request))).hexdigest()
+        digest = hashlib.sha256(orjson.dumps(self._request_data(request))).hexdigest()
         self._turn = {"turn": self.run_state.turn, "input_seq": self._last_message_seq,
                       "context": ContextRef(digest, j.next_seq - 1, len(request.messages))}
+
+    def _request_data(self, request: MessageRequest) -> dict[str, Any]:
+        """``unstructure(request)``, the messages' forms kept from the turn before: messages are frozen,
+        so only the ones new to this request go through the converter (not the whole transcript each
+        turn). Same value, so the same context hash."""
+        sent = self._sent_forms
+        forms: list[Any] = []
+        kept: dict[int, tuple[Message, Any]] = {}
+        for m in request.messages:
+            hit = sent.get(id(m))
+            if hit is None or hit[0] is not m:
+                hit = (m, unstructure(m, Message))
+            kept[id(m)] = hit
+            forms.append(hit[1])
+        self._sent_forms = kept
+        data: dict[str, Any] = unstructure(evolve(request, messages=()))
+        data["messages"] = forms
+        return data
 
     def _end_turn(self, *, stop_reason: str | None = None, verification: str | None = None) -> None:
         rec, j = self._turn, self.journal

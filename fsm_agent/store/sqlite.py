@@ -10,6 +10,12 @@ Durability: in WAL mode with ``synchronous=NORMAL`` a committed transaction surv
 process (SIGKILL) but may be lost on power failure; pass ``synchronous="FULL"`` to survive that
 too, at the cost of an fsync per commit.
 
+WAL checkpoints (copying the log into the database file, two fsyncs) run off the event loop: every
+:attr:`SQLiteStore.CHECKPOINT_EVERY` write transactions a ``PRAGMA wal_checkpoint(PASSIVE)`` runs
+on a second connection in a worker thread. SQLite's own automatic checkpoint, which would run
+inside a COMMIT on the loop (up to tens of milliseconds), only starts past
+:attr:`SQLiteStore.AUTOCHECKPOINT_PAGES` pages, as a safety net.
+
 Failures: every SQLite error becomes a :class:`~fsm_agent.errors.StoreError` that names the file,
 the operation and SQLite's own message, chained to the ``sqlite3`` exception. ``transient`` is true
 for "database is locked" / busy (another process held the write lock past ``busy_timeout``) and
@@ -20,8 +26,11 @@ error or a corrupt database, which a person must fix. A failed write is rolled b
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import os
 import sqlite3
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -44,6 +53,8 @@ from .base import (
 )
 
 __all__ = ["MIGRATIONS", "SQLiteStore"]
+
+log = logging.getLogger("fsm_agent.store.sqlite")
 
 MIGRATIONS: tuple[str, ...] = (
     # 1: the initial schema
@@ -162,8 +173,19 @@ class SQLiteStore(Store):
         location: the absolute file path (or URI, or ``":memory:"``) that errors name.
     """
 
+    CHECKPOINT_EVERY = 100
+    """Write transactions between two WAL checkpoints run in a worker thread (file databases)."""
+    AUTOCHECKPOINT_PAGES = 10_000
+    """WAL pages past which SQLite checkpoints inside a COMMIT anyway (its default is 1,000)."""
+
     def __init__(self, path: str | Path, *, busy_timeout: float = 30.0, synchronous: str = "NORMAL") -> None:
         self.path = str(path)
+        self._busy_timeout = busy_timeout
+        self._commits = 0
+        self._ckpt_db: sqlite3.Connection | None = None
+        self._ckpt_task: asyncio.Future[None] | None = None
+        self._ckpt_lock = threading.Lock()
+        self._closed = False
         uri = self.path.startswith("file:")
         self.location = self.path if uri or self.path == ":memory:" else os.path.abspath(self.path)
         try:
@@ -178,6 +200,9 @@ class SQLiteStore(Store):
                 self._db.execute("PRAGMA journal_mode=WAL")
                 self._db.execute(f"PRAGMA synchronous={synchronous}")
                 self._db.execute("PRAGMA foreign_keys=ON")
+                self._background_checkpoints = self.path != ":memory:" and "mode=memory" not in self.path
+                if self._background_checkpoints:
+                    self._db.execute(f"PRAGMA wal_autocheckpoint={self.AUTOCHECKPOINT_PAGES}")
             self.migrate()
         except BaseException:
             self._db.close()
@@ -317,6 +342,9 @@ class SQLiteStore(Store):
             with self._guard("write"):
                 self._claim(batch)
             return
+        self._commits += 1
+        if self._commits >= self.CHECKPOINT_EVERY and self._background_checkpoints:
+            self._start_wal_checkpoint()
         with self._transaction("write"):
             self._claim(batch)
             if batch.events:
@@ -417,8 +445,38 @@ class SQLiteStore(Store):
                                    (session_id, *[k.value for k in kinds])).fetchone()
         return row is not None
 
+    # -- WAL checkpoints, off the event loop -------------------------------------------------
+    def _start_wal_checkpoint(self) -> None:
+        if self._ckpt_task is not None and not self._ckpt_task.done():
+            return  # one at a time; the next write tries again
+        self._commits = 0
+        self._ckpt_task = asyncio.get_running_loop().run_in_executor(None, self._wal_checkpoint)
+
+    def _wal_checkpoint(self) -> None:
+        """``PRAGMA wal_checkpoint(PASSIVE)`` on the checkpoint connection (a worker thread). PASSIVE
+        never blocks a writer; a failure is only logged: the log stays complete and durable, and the
+        next attempt (or SQLite's automatic checkpoint) copies it."""
+        with self._ckpt_lock:
+            if self._closed:
+                return
+            try:
+                if self._ckpt_db is None:
+                    self._ckpt_db = sqlite3.connect(self.path, timeout=self._busy_timeout, isolation_level=None,
+                                                    check_same_thread=False, uri=self.path.startswith("file:"))
+                self._ckpt_db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+            except sqlite3.Error as exc:
+                log.warning("%s: WAL checkpoint failed (%s); it is retried later", self.location, exc)
+
     async def close(self) -> None:
-        try:
-            self._db.close()
-        except sqlite3.Error:
-            pass
+        task, self._ckpt_task = self._ckpt_task, None
+        if task is not None and task.get_loop() is asyncio.get_running_loop():
+            await asyncio.gather(task, return_exceptions=True)
+        with self._ckpt_lock:  # a checkpoint still running (started on another loop) ends first
+            self._closed = True
+            for db in (self._db, self._ckpt_db):
+                if db is None:
+                    continue
+                try:
+                    db.close()
+                except sqlite3.Error:
+                    pass
