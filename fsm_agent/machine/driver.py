@@ -813,6 +813,9 @@ class Driver:
         run.context_retry = False
         response = _unique_call_ids(response, ctx.transcript)
         cost = self._account(request, response)
+        if response.tool_calls and response.stop_reason is ModelStopReason.MAX_TOKENS:
+            return self._cut_off(request, response, cost)
+        run.output_retry = False
         run.last_response = response
         self._append(response.message)
         info = {"model": response.model, "provider": response.provider, "stop_reason": response.stop_reason.value,
@@ -835,6 +838,42 @@ class Driver:
             return Stop(StopReason.FAILED_TERMINAL, f"the model refused: {response.refusal or 'no reason given'}",
                         {"error": {"kind": "refusal", "message": response.refusal or ""}})
         return Move(Trigger.MODEL_DONE, f"model stop reason {stop.value}")
+
+    def _cut_off(self, request: MessageRequest, response: MessageResponse, cost: float | None) -> Outcome:
+        """The output-token limit cut the answer while it was writing tool calls: the last call's
+        arguments are incomplete. No call of this turn runs and the model is never shown the cut
+        call. The turn is discarded (its usage still counts) and the call is made once more with
+        twice the limit, bounded by the token budget; when that is used up (or cannot grow), the run
+        stops FAILED_RETRYABLE with error code ``tool_call_truncated``."""
+        run, cfg = self.run_state, self.run_state.config
+        used = request.max_tokens or self.ctx.provider.capabilities.max_output_tokens or 4096
+        larger = used * 2
+        if cfg.max_tokens is not None:
+            larger = min(larger, cfg.max_tokens - run.usage.total_tokens)
+        cap = self.ctx.provider.capabilities.max_output_tokens
+        if cap is not None:
+            larger = min(larger, cap)
+        names = ", ".join(c.name for c in response.tool_calls)
+        if self.journal is not None:
+            self.journal.record("model_call", {
+                "model": response.model, "provider": response.provider, "stop_reason": response.stop_reason.value,
+                "raw_stop_reason": response.raw_stop_reason, "cost_usd": cost, "discarded": "tool_call_truncated",
+                "usage": unstructure(response.usage) if response.usage else None, "max_tokens": request.max_tokens},
+                run.turn)
+        if not run.output_retry and larger > used:
+            run.output_retry = True
+            run.max_output_override = larger
+            self._end_turn(verification=f"tool call(s) {names} cut off at {used} output tokens; discarded")
+            return Move(Trigger.RETRY_OUTPUT, f"the output limit ({used} tokens) cut off tool call(s) {names}; "
+                        f"retrying once with {larger}")
+        why = ("even after one retry with a larger limit" if run.output_retry
+               else "and the limit cannot grow within the budget")
+        run.output_retry = False
+        return Stop(StopReason.FAILED_RETRYABLE,
+                    f"the output-token limit ({used}) cut off tool call(s) {names} {why}; none of them ran — raise "
+                    "max_output_tokens (or the token budget) and resume",
+                    {"error": {"kind": "output_truncated", "code": "tool_call_truncated", "max_tokens": used,
+                               "message": f"tool call(s) {names} cut off by the output-token limit"}})
 
     def _provider_failed(self, exc: ProviderError) -> Stop:
         reason = StopReason.FAILED_RETRYABLE if exc.retryable else StopReason.FAILED_TERMINAL

@@ -46,6 +46,7 @@ class Trigger(str, enum.Enum):
     TOOL_USE = "tool_use"
     MODEL_DONE = "model_done"
     RETRY_CONTEXT = "retry_context"
+    RETRY_OUTPUT = "retry_output"
     FAIL_RETRYABLE = "fail_retryable"
     FAIL_TERMINAL = "fail_terminal"
     TOOLS_DONE = "tools_done"
@@ -77,6 +78,8 @@ TRANSITIONS: tuple[Transition, ...] = (
     Transition(_T.TOOL_USE, _P.MODEL, _P.MID_TURN, "model stop reason tool_use"),
     Transition(_T.MODEL_DONE, _P.MODEL, _P.POST_TURN, "end_turn, stop_sequence, max_tokens, pause_turn"),
     Transition(_T.RETRY_CONTEXT, _P.MODEL, _P.PRE_TURN, "context length exceeded: re-trim and retry once"),
+    Transition(_T.RETRY_OUTPUT, _P.MODEL, _P.PRE_TURN,
+               "a tool call was cut off by the output limit: discard the turn, retry once with a larger limit"),
     Transition(_T.PAUSE_BUDGET, _P.MODEL, _S.PAUSED_BUDGET, "the wall clock ran out during the call"),
     Transition(_T.FAIL_TERMINAL, _P.MODEL, _S.FAILED_TERMINAL, "content_filtered, refusal, non-retryable error"),
     Transition(_T.FAIL_RETRYABLE, _P.MODEL, _S.FAILED_RETRYABLE, "retryable error after retries are spent"),

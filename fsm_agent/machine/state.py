@@ -71,6 +71,8 @@ class RunState:
     """The context-length recovery (re-trim and retry once, case B20) was used for this call."""
     max_output_override: int | None = None
     """A lowered ``max_tokens`` for the next call (context-length recovery); tokens."""
+    output_retry: bool = False
+    """The one retry with a larger output limit after a tool call was cut off by it was used."""
     structured_repair: bool = False
     """The one repair turn for an answer that broke the output schema was used."""
     evidence: list[str] = field(factory=list)

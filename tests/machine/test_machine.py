@@ -19,6 +19,8 @@ from fsm_agent import (
     StopRun,
     tool,
 )
+from attrs import evolve
+
 from fsm_agent.errors import ContextLengthExceededError, InvalidRequestError, ServerError
 from fsm_agent.machine.state import RunState
 from fsm_agent.machine import TRANSITIONS, IllegalTransition, MachineState, Phase, Trigger
@@ -358,6 +360,7 @@ async def _scenario_transitions() -> set[tuple[str, str, str]]:
         ([echo_call()] * 3, {"max_iterations": 1}),                 # PreTurn pause_budget
         (["x"], {"middleware": (_PreTurnStop(StopReason.WAITING_HUMAN),)}),
         ([ContextLengthExceededError("too long", provider="scripted"), "fits now"], {}),
+        ([evolve(echo_call(), stop_reason=ModelStopReason.MAX_TOKENS), "done"], {}),   # retry_output
         ([InvalidRequestError("bad", provider="scripted", status=400)], {}),
         ([ServerError("upstream 500", provider="scripted", status=500)], {}),
         ([echo_call()], {"middleware": (_Approve(),)}),

@@ -37,6 +37,7 @@ def _non_default(cls: type) -> dict:
         "decided_results": {"call_2": ToolResultMessage("call_2", "done", name="echo")},
         "context_retry": True,
         "max_output_override": 77,
+        "output_retry": True,
         "structured_repair": True,
         "evidence": ["seq:5"],
         "elapsed": 3.25,
