@@ -3,7 +3,9 @@
 Seed 000 §5.2.4. Each pass is a pure function ``list[Message] -> list[Message]``: it returns a new
 list and never changes its input (messages are frozen). :func:`repair_messages` runs, in order:
 
-0. :func:`drop_empty_content` — blank text blocks and the turns they leave empty (case B04).
+0. :func:`collapse_repeated_calls` — a call given twice (same id, name and arguments) is kept once,
+   unless the second is a new call reusing the id (the first was answered and it has its own result).
+   :func:`drop_empty_content` — blank text blocks and the turns they leave empty (case B04).
 1. :func:`trim_to_context_window` — the newest whole groups that fit a token budget (B01, B20).
 2. :func:`normalize_system_messages` — one system message, first.
 3. :func:`repair_message_order` — tool results directly after the turn that called them.
@@ -23,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from attrs import evolve, frozen
 
@@ -42,7 +45,8 @@ from fsm_agent.types import (
 )
 
 __all__ = [
-    "RULES", "MessageRepair", "ProviderRules", "drop_empty_content", "normalize_system_messages",
+    "RULES", "MessageRepair", "ProviderRules", "collapse_repeated_calls", "drop_empty_content",
+    "normalize_system_messages",
     "normalize_tool_call_ids", "pair_tool_calls_with_results", "repair_message_order",
     "repair_messages", "rules_for", "synthesize_missing_results", "trim_to_context_window",
     "truncate_old_tool_results"]
@@ -109,6 +113,44 @@ def _start_with_user(messages: Sequence[Message]) -> list[Message]:
     if first is None:
         return list(messages)
     return [m for i, m in enumerate(messages) if i >= first or isinstance(m, SystemMessage)]
+
+
+def collapse_repeated_calls(messages: Sequence[Message]) -> list[Message]:
+    """Pass 0 (issue 9): one tool call given twice — the same id, name and arguments, in one turn or
+    in a later one (a client that echoes ``tool_calls`` and a block, a history glued from two
+    sources) — is kept once, so the provider sees that call once with its one result (pass 4 drops
+    the extra results). A later call with the same id is a *new* call, and kept, when the earlier one
+    was answered before it and it has a result of its own (servers that number ``call_0`` each turn)."""
+    first: dict[str, tuple[int, ToolUseBlock]] = {}
+    results: dict[str, list[int]] = {}
+    for j, m in enumerate(messages):
+        if isinstance(m, ToolResultMessage):
+            results.setdefault(m.tool_call_id, []).append(j)
+    out: list[Message] = []
+    for i, m in enumerate(messages):
+        if not (isinstance(m, AssistantMessage) and m.tool_calls):
+            out.append(m)
+            continue
+        kept: list[Any] = []
+        here: set[str] = set()
+        changed = False
+        for b in m.content:
+            if isinstance(b, ToolUseBlock) and b.id:
+                prev = first.get(b.id)
+                if prev is not None and prev[1].name == b.name and prev[1].input == b.input:
+                    before = prev[0]
+                    answered_before = any(before < j < i for j in results.get(b.id, ()))
+                    nxt = next((k for k in range(i + 1, len(messages)) if isinstance(messages[k], AssistantMessage)
+                                and any(c.id == b.id for c in messages[k].tool_calls)), len(messages))
+                    own_result = any(i < j < nxt for j in results.get(b.id, ()))
+                    if b.id in here or not answered_before or not own_result:
+                        changed = True
+                        continue  # the same call again
+                first[b.id] = (i, b)
+                here.add(b.id)
+            kept.append(b)
+        out.append(evolve(m, content=tuple(kept)) if changed else m)
+    return out
 
 
 def drop_empty_content(messages: Sequence[Message]) -> list[Message]:
@@ -320,7 +362,7 @@ def repair_messages(messages: Sequence[Message], *, rules: ProviderRules = RULES
                     keep_last_turns: int = 2, tool_result_max_chars: int = 2000) -> list[Message]:
     """Every pass, in order (module docstring). ``budget_tokens``: prompt tokens the messages may
     use (``None``: no trimming)."""
-    out = drop_empty_content(messages)
+    out = drop_empty_content(collapse_repeated_calls(messages))
     out = trim_to_context_window(out, budget_tokens, count=count)
     out = normalize_system_messages(out)
     out = repair_message_order(out, rules)

@@ -482,3 +482,38 @@ async def test_later_middleware_edits_are_repaired_too() -> None:
     provider = ScriptedProvider(["ok"])
     await Agent(provider, system_prompt="first", middleware=[MessageRepair(), Other()]).run("hi")
     assert list(provider.requests[0].messages) == [SystemMessage("first\n\nlate system text"), UserMessage("hi")]
+
+
+# -- pass 0: a call given twice (issue 9 item 6) ----------------------------------------------
+def _call(cid: str, **args: object) -> ToolUseBlock:
+    return ToolUseBlock(cid, "lookup", dict(args))
+
+
+def test_a_call_repeated_in_one_turn_is_kept_once_with_one_result() -> None:
+    from fsm_agent_middleware.repair import collapse_repeated_calls
+
+    c = _call("c1", q="x")
+    msgs = [UserMessage("go"), AssistantMessage((c, c)), ToolResultMessage("c1", "r1"), ToolResultMessage("c1", "r2")]
+    out = repair_messages(msgs)
+    assert [(m.role, [b.id for b in m.tool_calls] if m.role == "assistant" else getattr(m, "text", "")) for m in out] == [
+        ("user", "go"), ("assistant", ["c1"]), ("tool", "r1")]
+    assert collapse_repeated_calls(msgs)[1].tool_calls == (c,)
+
+
+def test_a_call_repeated_in_a_later_turn_while_still_open_is_sent_once() -> None:
+    c = _call("c9", q="y")
+    msgs = [UserMessage("go"), AssistantMessage((c,)), AssistantMessage((TextBlock("again"), c)),
+            ToolResultMessage("c9", "done")]
+    out = repair_messages(msgs)
+    calls = [b.id for m in out if m.role == "assistant" for b in m.tool_calls]
+    results = [m for m in out if m.role == "tool"]
+    assert calls == ["c9"] and len(results) == 1 and results[0].text == "done"
+
+
+def test_an_id_reused_by_a_new_answered_call_is_a_new_call() -> None:
+    a, b = _call("call_0", q="x"), _call("call_0", q="x")
+    msgs = [UserMessage("go"), AssistantMessage((a,)), ToolResultMessage("call_0", "first"),
+            AssistantMessage((b,)), ToolResultMessage("call_0", "second")]
+    out = repair_messages(msgs)
+    assert [m.text for m in out if m.role == "tool"] == ["first", "second"]
+    assert len([m for m in out if m.role == "assistant"]) == 2
