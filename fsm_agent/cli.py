@@ -540,10 +540,28 @@ def _diagram(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
 
 def _decode(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    """``decode``: never a traceback. Whatever the body, the outcome is JSON on stdout or one line on
+    stderr; an exception of fsm_agent's own (a bug) is reported in one line too, with exit 1."""
     from .providers.decode import decode_body
 
+    headers: dict[str, str] = {}
+    for h in args.header:
+        name, sep, value = h.partition(":")
+        if not sep or not name.strip():
+            raise ConfigurationError(f"--header {h!r}: give NAME: VALUE (e.g. 'Retry-After: 30')")
+        headers[name.strip().lower()] = value.strip()
+    if headers and args.status is None:
+        raise ConfigurationError("--header goes with --status (the headers of an error response)")
     raw = sys.stdin.buffer.read() if args.input == "-" else Path(args.input).read_bytes()
-    return decode_body(args.protocol, raw, out=out, err=err, events=args.events)
+    try:
+        return decode_body(args.protocol, raw, out=out, err=err, events=args.events, status=args.status,
+                           headers=headers)
+    except (FsmAgentError, OSError):
+        raise  # main reports them (and a closed stdout)
+    except Exception as exc:  # noqa: BLE001 - a bug of ours: one line, not a traceback
+        err.write(f"fsm-agent decode: internal error ({type(exc).__name__}: {str(exc)[:500]}); please report it "
+                  "with the body\n")
+        return 1
 
 
 def _middleware(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
@@ -674,6 +692,11 @@ def _build_parser() -> argparse.ArgumentParser:
     dc = sub.add_parser("decode", help="decode a recorded provider response body (stdin) to JSON")
     dc.add_argument("--protocol", required=True, choices=["openai-chat", "openai-responses", "anthropic"])
     dc.add_argument("--events", action="store_true", help="print each stream event as one JSON line")
+    dc.add_argument("--status", type=int, metavar="N",
+                    help="the HTTP status the body came with; from 400 up, print the typed error the HTTP path "
+                         "raises for it (class, kind, retryable, retry_after, message) as JSON and exit 0")
+    dc.add_argument("--header", action="append", default=[], metavar="'NAME: VALUE'",
+                    help="a response header given with --status (Retry-After, x-should-retry; repeatable)")
     dc.add_argument("input", nargs="?", default="-", help="file to read (default: stdin)")
 
     m = sub.add_parser("middleware", help="installed middleware plugins")

@@ -60,6 +60,8 @@ from .base import HttpProvider, StreamParser
 from .errors import error_from_payload
 from .sse import ServerSentEvent
 from .structured_output import response_format_of
+from .wire import (ARRAY, COUNT, INT, OBJECT, STR, STRAY, Shape, check, guard, list_of, obj, one_of,
+                   stray_error, tagged)
 
 __all__ = ["DEFAULT_MAX_TOKENS", "DEFAULT_THINKING_BUDGET", "AnthropicProvider",
            "AnthropicStreamParser", "map_stop_reason", "messages_to_wire", "parse_block",
@@ -352,6 +354,38 @@ def tool_choice_to_wire(choice: str | Wire | None, parallel: bool | None = None)
     return wire
 
 
+# ---------------------------------------------------------------------------- wire shapes
+# What the parsers below read, by type (fsm_agent.providers.wire): a frame that differs raises a
+# ProviderProtocolError naming the path. Keys not named here are kept or ignored as received.
+_USAGE = obj(input_tokens=COUNT, output_tokens=COUNT, cache_read_input_tokens=COUNT,
+             cache_creation_input_tokens=COUNT, output_tokens_details=obj(thinking_tokens=COUNT))
+_BLOCK = tagged("type", {
+    "text": obj(text=STR, citations=ARRAY),
+    "thinking": obj(thinking=STR, signature=STR),
+    "redacted_thinking": obj(data=STR),
+    "tool_use": obj(id=STR, name=STR, input=one_of(OBJECT, STR)),
+}, nullable=False)
+_STOP_FIELDS: dict[str, Shape] = dict(stop_reason=STR, stop_details=obj(type=STR, explanation=STR))
+MESSAGE_SHAPE = obj(type=STR, id=STR, model=STR, content=list_of(_BLOCK), usage=_USAGE, **_STOP_FIELDS)
+"""A Messages API response body, as :func:`parse_message` reads it."""
+_DELTA = tagged("type", {
+    "text_delta": obj(text=STR),
+    "input_json_delta": obj(partial_json=STR),
+    "thinking_delta": obj(thinking=STR),
+    "signature_delta": obj(signature=STR),
+}, nullable=False)
+EVENT_SHAPES = {
+    "message_start": obj(type=STR, message=obj(id=STR, model=STR, usage=_USAGE, content=ARRAY, **_STOP_FIELDS)),
+    "content_block_start": obj(type=STR, index=INT, content_block=_BLOCK),
+    "content_block_delta": obj(type=STR, index=INT, delta=_DELTA),
+    "content_block_stop": obj(type=STR, index=INT),
+    "message_delta": obj(type=STR, usage=_USAGE, delta=obj(**_STOP_FIELDS)),
+    "message_stop": obj(type=STR),
+}
+"""Each stream event the parser reads, by its type; others are ignored."""
+_OTHER_EVENT = obj(type=STR)
+
+
 # ---------------------------------------------------------------------------- response
 def parse_block(b: Wire) -> ContentBlock | None:
     """One wire content block; ``None`` for a text block with empty text."""
@@ -382,7 +416,16 @@ def parse_message(data: Wire, provider: str = "anthropic") -> MessageResponse:
     :class:`ExtensionBlock` holding the wire object. ``stop_sequence``, ``stop_details``,
     ``container`` and ``usage.server_tool_use`` are kept in ``extra``; a refusal's
     ``stop_details.explanation`` is ``refusal``.
+
+    Raises:
+        ProviderProtocolError: a value of the wrong type (the message names its path).
     """
+    check(data, MESSAGE_SHAPE, what="response body", provider=provider)
+    with guard("response body", provider):
+        return _parse_message(data, provider)
+
+
+def _parse_message(data: Wire, provider: str) -> MessageResponse:
     content = tuple(x for x in (parse_block(b) for b in data.get("content") or ()
                                 if isinstance(b, dict)) if x is not None)
     raw = data.get("stop_reason") if isinstance(data.get("stop_reason"), str) else None
@@ -423,6 +466,7 @@ class AnthropicStreamParser:
         """``message_stop`` was seen; later events are ignored."""
         self._open: dict[Any, _Open] = {}
         self._usage: Wire = {}
+        self._events = 0
 
     def _emit(self, out: list[StreamEvent], ev: StreamEvent) -> None:
         self.partial.apply(ev)
@@ -436,8 +480,17 @@ class AnthropicStreamParser:
 
         Raises:
             ProviderError: an ``error`` event, as its most specific class (OverloadedError ...).
-            ProviderProtocolError: data that is not a JSON object; a delta for no open block.
+            ProviderProtocolError: data that is not a JSON object; a value of the wrong type (the
+                message names its path: ``delta.text: expected string, got number``); a delta for
+                no open block.
         """
+        self._events += 1
+        try:
+            return self._feed(sse)
+        except STRAY as exc:  # wire.guard, inlined: this runs once per event
+            raise stray_error(exc, f"stream event {self._events} ({sse.event})", self.provider) from exc
+
+    def _feed(self, sse: ServerSentEvent) -> list[StreamEvent]:
         if self.done or sse.event == "ping":
             return []
         try:
@@ -452,6 +505,8 @@ class AnthropicStreamParser:
         if not isinstance(payload, dict):
             raise self._fail("stream event is not a JSON object", repr(sse.data))
         kind = kind if isinstance(kind, str) else sse.event
+        check(payload, EVENT_SHAPES.get(kind, _OTHER_EVENT), what=f"stream event {self._events} ({kind})",
+              provider=self.provider, raw=sse.data)
         out: list[StreamEvent] = []
         if kind == "content_block_delta":
             self._delta(payload, out)
@@ -586,6 +641,10 @@ class AnthropicStreamParser:
             ProviderConnectionError: no ``message_stop``, but content came (``partial`` has it).
             ProviderProtocolError: no ``message_stop`` and no content.
         """
+        with guard("end of stream", self.provider):
+            return self._finish()
+
+    def _finish(self) -> list[StreamEvent]:
         if not self.done:
             if self.partial.blocks or self.partial.stop_reason is not None:
                 raise ProviderConnectionError(

@@ -38,6 +38,7 @@ from ..types.stream import ErrorEvent, MessageComplete, StreamEvent, TextDelta, 
 from .errors import classify_error
 from .record import Recorder
 from .sse import DEFAULT_MAX_EVENT_BYTES, SSEDecoder, ServerSentEvent
+from .wire import ANY, check, guard
 
 __all__ = [
     "HttpProvider",
@@ -52,6 +53,7 @@ __all__ = [
     "call_deadline",
     "first_token_timeout_for",
     "may_retry",
+    "server_retry_after",
 ]
 
 call_deadline: contextvars.ContextVar[float | None] = contextvars.ContextVar("fsm_agent_call_deadline", default=None)
@@ -161,6 +163,17 @@ def may_retry(error: ProviderError) -> bool:
     return error.status not in NEVER_RETRIED_STATUSES
 
 
+def server_retry_after(error: ProviderError) -> float | None:
+    """The wait in seconds the server asked for with ``error``, or ``None``: ``RateLimitError.retry_after``,
+    else the ``retry-after-ms`` or ``Retry-After`` header on it (what :meth:`RetryPolicy.delay` honours)."""
+    server = error.retry_after if isinstance(error, RateLimitError) else None
+    if server is None and error.headers:
+        from .errors import parse_retry_after
+
+        server = parse_retry_after(error.headers)
+    return server
+
+
 def _check_retry_policy(instance: Any, attribute: Any, value: Any) -> None:
     if attribute.name == "max_attempts" and value < 1:
         raise ValueError(f"max_attempts must be at least 1, got {value}")
@@ -239,11 +252,7 @@ class RetryPolicy:
             limit = min(limit, self.empty_response_retries + 1)
         if retry_number >= limit:
             return None
-        server = error.retry_after if isinstance(error, RateLimitError) else None
-        if server is None and error.headers:
-            from .errors import parse_retry_after
-
-            server = parse_retry_after(error.headers)
+        server = server_retry_after(error)
         if server is not None:
             if server > self.max_retry_after:
                 return None
@@ -528,9 +537,11 @@ class HttpProvider(Provider):
             ) from exc
         if not isinstance(data, dict):
             raise ProviderProtocolError(f"response body is not a JSON object: {raw[:200]!r}", provider=self.name)
+        check(data, ANY, what="response body", provider=self.name, raw=raw)  # nesting depth
         if "error" in data and data.get("error") and not data.get("choices") and not data.get("content") and not data.get("output"):
             raise classify_error(status if status >= 400 else None, data, headers, provider=self.name, in_stream=True)
-        return self.parse_response(data)
+        with guard("response body", self.name):
+            return self.parse_response(data)
 
     async def _decode_stream_body(self, raw: bytes) -> MessageResponse:
         final: MessageResponse | None = None
@@ -545,9 +556,17 @@ class HttpProvider(Provider):
         decoder = SSEDecoder(self.config.max_event_bytes)
         parser = self.stream_parser()
         out: list[StreamEvent] = []
-        for sse in decoder.feed(raw) + decoder.flush():
-            out.extend(parser.feed(sse))
-        out.extend(parser.finish())
+        try:
+            for sse in decoder.feed(raw) + decoder.flush():
+                out.extend(parser.feed(sse))
+            out.extend(parser.finish())
+        except ProviderError as exc:
+            if exc.partial is None and getattr(parser, "partial", None) is not None and out:
+                try:
+                    exc.partial = parser.partial.snapshot()
+                except Exception:  # noqa: BLE001 - a broken partial must not hide the real error
+                    exc.partial = None
+            raise
         return out
 
     async def chat_stream(self, request: MessageRequest) -> AsyncIterator[StreamEvent]:
@@ -622,7 +641,12 @@ class HttpProvider(Provider):
     async def _stream_batches(
         self, resp: Any, decoder: SSEDecoder, parser: StreamParser, first_timeout: float | None, started: float
     ) -> AsyncIterator[list[StreamEvent]]:
-        """The stream events of each network read, as one list per read."""
+        """The stream events of each network read, as one list per read.
+
+        When ``parser.feed`` raises partway through a read, the events decoded from that read before
+        the failing event are yielded first, so that what the consumer saw matches the error's
+        ``partial`` (which the parser had already folded them into).
+        """
         from .http import iter_sse
 
         tap: list[bytes] | None = [] if self._http.recorder is not None else None
@@ -632,8 +656,15 @@ class HttpProvider(Provider):
                 chunk_timeout=self.config.chunk_timeout, started=started, tap=tap,
             ):
                 out: list[StreamEvent] = []
-                for sse in sses:
-                    out += parser.feed(sse)
+                try:
+                    for sse in sses:
+                        out += parser.feed(sse)
+                except ProviderError:
+                    # the events this read decoded before the failing one are in the error's partial:
+                    # the consumer sees them too, then the error
+                    if out:
+                        yield out
+                    raise
                 if out:
                     yield out
             yield parser.finish()

@@ -5,21 +5,29 @@ as JSON, or (``--events``) each ``StreamEvent`` as one JSON line. On malformed i
 what was decoded so far, then the error, and exits 1. Given a body of another protocol
 (an Anthropic stream under ``--protocol openai-chat``, say) it prints nothing on stdout, which
 is data, says on stderr which protocol the body looks like, and exits 1.
+
+With ``--status N`` (N >= 400) the body is an error response: it is classified by
+:func:`~fsm_agent.providers.errors.classify_error`, the function the HTTP path raises from, and
+the typed error (class, kind, retryable, the server's retry-after, message ...) is printed as JSON
+with exit code 0 (:func:`classify_body`).
 """
 
 from __future__ import annotations
 
-from typing import TextIO
+from collections.abc import Mapping
+from typing import Any, TextIO
 
 import orjson
 
 from ..errors import ConfigurationError, ProviderError
 from ..types.codec import unstructure
 from ..types.stream import MessageComplete
-from .base import HttpProvider, ProviderConfig
+from .base import HttpProvider, ProviderConfig, server_retry_after
+from .errors import classify_error
 from .sse import SSEDecoder
 
-__all__ = ["PROTOCOLS", "decode_body", "decoder_for", "looks_like_sse", "sniff_protocol"]
+__all__ = ["PROTOCOLS", "classify_body", "decode_body", "decoder_for", "error_info", "looks_like_sse",
+           "sniff_protocol"]
 
 _PROFILES = {"openai-chat": "openai-compatible", "openai-responses": "openai-responses", "anthropic": "anthropic"}
 PROTOCOLS: tuple[str, ...] = tuple(_PROFILES)
@@ -89,29 +97,70 @@ def sniff_protocol(raw: bytes) -> str | None:
     return None
 
 
+def _dump_info(info: dict[str, Any], out: TextIO) -> None:
+    out.write(orjson.dumps(info, option=orjson.OPT_INDENT_2).decode() + "\n")
+
+
 def _dump(obj: object, out: TextIO, indent: bool) -> None:
     opt = orjson.OPT_INDENT_2 if indent else 0
     out.write(orjson.dumps(unstructure(obj), option=opt).decode() + "\n")
 
 
-def decode_body(protocol: str, raw: bytes, *, out: TextIO, err: TextIO, events: bool = False) -> int:
+def classify_body(protocol: str, status: int, raw: bytes, headers: Mapping[str, str] | None = None) -> ProviderError:
+    """The error the HTTP path raises for an error response (``status`` >= 400, body ``raw``, ``headers``)
+    of ``protocol``'s provider: the same call to :func:`classify_error` that
+    :meth:`~fsm_agent.providers.http.HttpClient.post` makes."""
+    return classify_error(status, raw, dict(headers or {}), provider=decoder_for(protocol).name)
+
+
+def error_info(exc: ProviderError) -> dict[str, Any]:
+    """What ``decode --status`` prints of a classified error: ``error`` (the class), ``kind``,
+    ``retryable``, ``retry_after`` (seconds the server asked for, as the retry policy reads it, or
+    ``None``), ``message``, ``status``, ``code``, ``provider``, and the context-window numbers of a
+    :class:`~fsm_agent.errors.ContextLengthExceededError`."""
+    info: dict[str, Any] = {
+        "error": type(exc).__name__,
+        "kind": exc.kind,
+        "retryable": exc.retryable,
+        "retry_after": server_retry_after(exc),
+        "message": exc.message,
+        "status": exc.status,
+        "code": exc.code,
+        "provider": exc.provider,
+    }
+    for name in ("limit", "requested", "input_tokens", "max_tokens_requested"):
+        if hasattr(exc, name):
+            info[name] = getattr(exc, name)
+    return info
+
+
+def decode_body(protocol: str, raw: bytes, *, out: TextIO, err: TextIO, events: bool = False,
+                status: int | None = None, headers: Mapping[str, str] | None = None) -> int:
     """Decode ``raw`` with ``protocol``'s parser, writing JSON to ``out`` and problems to ``err``.
 
     Args:
         protocol: one of :data:`PROTOCOLS`.
         raw: the body as received: an SSE stream or one JSON document.
         events: write each stream event as one JSON line instead of the final response.
+        status: the HTTP status the body came with. From 400 up the body is an error response: the
+            typed error the HTTP path raises for it (:func:`classify_body`) is written to ``out``
+            as JSON (:func:`error_info`). Below 400 (or ``None``) the body is decoded.
+        headers: response headers (``Retry-After`` ...) given with ``status``.
 
     Returns:
-        The exit code: 0 decoded; 1 an error body, a malformed body (what was decoded before
-        the fault is written to ``out`` when there is any), or a body of another protocol
-        (``out`` stays empty; ``err`` names the protocol the body looks like).
+        The exit code: 0 decoded, or an error response classified (``status`` >= 400); 1 an
+        error body without ``status``, a malformed body (what was decoded before the fault is
+        written to ``out`` when there is any), or a body of another protocol (``out`` stays
+        empty; ``err`` names the protocol the body looks like).
 
     Raises:
         ConfigurationError: ``protocol`` is not one of :data:`PROTOCOLS`.
     """
     if protocol not in _PROFILES:
         raise ConfigurationError(f"unknown protocol {protocol!r}; use one of: {', '.join(PROTOCOLS)}")
+    if status is not None and status >= 400:
+        _dump_info(error_info(classify_body(protocol, status, raw, headers)), out)
+        return 0
     found = sniff_protocol(raw)
     if found is not None and found != protocol:
         err.write(f"fsm-agent decode: this body is {found}, not {protocol}; try --protocol {found}\n")
@@ -119,7 +168,7 @@ def decode_body(protocol: str, raw: bytes, *, out: TextIO, err: TextIO, events: 
     provider = decoder_for(protocol)
     if not looks_like_sse(raw):
         try:
-            response = provider.decode_body(raw)
+            response = provider.decode_body(raw, status or 200, headers)
         except ProviderError as exc:
             err.write(f"fsm-agent decode: {exc}\n")
             return 1

@@ -140,7 +140,7 @@ def _extract(body: Any) -> tuple[str, str | None, str | None]:
     if isinstance(body, list) and body and isinstance(body[0], dict):  # some gateways wrap in a list
         body = body[0]
     if not isinstance(body, dict):
-        return ("" if body is None else str(body)), None, None
+        return ("" if body is None else _text(body)), None, None
     err = body.get("error", body)
     if isinstance(err, str):
         return err, _s(body.get("code")), _s(body.get("type"))
@@ -148,7 +148,7 @@ def _extract(body: Any) -> tuple[str, str | None, str | None]:
         err = body
     message = err.get("message") or body.get("message") or body.get("detail") or ""
     if isinstance(message, (dict, list)):
-        message = orjson.dumps(message).decode()
+        message = _text(message)
     code = _s(err.get("code")) or _s(body.get("code"))
     etype = _s(err.get("type")) or _s(body.get("type"))
     if etype == "error":  # Anthropic wraps {"type":"error","error":{"type":...}}
@@ -163,7 +163,18 @@ def _extract(body: Any) -> tuple[str, str | None, str | None]:
 def _s(v: Any) -> str | None:
     if v is None:
         return None
-    return str(v)
+    return v if isinstance(v, str) else _text(v)
+
+
+def _text(v: Any, limit: int = _BODY_LIMIT) -> str:
+    """``v`` as text: JSON for containers and numbers; never raises (orjson writes at most 254
+    levels of nesting, ``str`` recurses: a hostile body may nest deeper)."""
+    if isinstance(v, str):
+        return v[:limit]
+    try:
+        return orjson.dumps(v).decode()[:limit]
+    except (TypeError, orjson.JSONEncodeError):
+        return f"<{type(v).__name__} nested too deep to show>"
 
 
 def _context_error(message: str, code: str | None, etype: str | None, kw: dict[str, Any]) -> ContextLengthExceededError | None:
@@ -230,7 +241,7 @@ def _classify(
     elif body is None:
         body_text = None
     else:
-        body_text = orjson.dumps(body).decode()[:_BODY_LIMIT]
+        body_text = _text(body)
     message, code, etype = _extract(body if body is not None else "")
     if not message:
         message = f"HTTP {status}" if status else "error"

@@ -76,6 +76,7 @@ from .base import HttpProvider, StreamParser
 from .errors import error_from_payload
 from .sse import ServerSentEvent
 from .structured_output import response_format_of
+from .wire import ARRAY, COUNT, INT, OBJECT, STR, STRAY, Shape, check, guard, list_of, obj, one_of, stray_error
 
 __all__ = ["OpenAIChatProvider", "OpenAIChatStreamParser", "map_finish_reason", "parse_usage"]
 
@@ -441,6 +442,28 @@ def messages_to_wire(messages: tuple[Message, ...], *, system_role: str = "syste
     return out
 
 
+# ---------------------------------------------------------------------------- wire shapes
+# What the parsers below read, by type (fsm_agent.providers.wire): a frame that differs raises a
+# ProviderProtocolError naming the path. Keys not named here are kept or ignored as received.
+_USAGE = obj(prompt_tokens=COUNT, completion_tokens=COUNT, total_tokens=COUNT, prompt_cache_hit_tokens=COUNT,
+             prompt_tokens_details=obj(cached_tokens=COUNT), completion_tokens_details=obj(reasoning_tokens=COUNT))
+_FUNCTION = obj(name=STR, arguments=one_of(STR, OBJECT))
+_TOOL_CALL = obj(index=INT, id=one_of(STR, INT), type=STR, function=_FUNCTION).not_null()
+_REASONING: dict[str, Shape] = dict(reasoning_content=STR, reasoning=STR, reasoning_details=list_of(OBJECT), refusal=STR,
+                  tool_calls=list_of(_TOOL_CALL), function_call=_FUNCTION)
+CHUNK_SHAPE = obj(
+    id=STR, model=STR, usage=_USAGE,
+    choices=list_of(obj(index=INT, finish_reason=STR, delta=obj(content=one_of(STR, ARRAY), **_REASONING))),
+)
+"""A ``chat.completion.chunk``, as the stream parser reads it."""
+_PART = obj(type=STR, text=STR)
+COMPLETION_SHAPE = obj(
+    id=STR, model=STR, usage=_USAGE,
+    choices=list_of(obj(index=INT, finish_reason=STR, message=obj(content=one_of(STR, list_of(_PART)), **_REASONING))),
+)
+"""A ``chat.completion`` body, as :func:`parse_completion` reads it."""
+
+
 # ---------------------------------------------------------------------------- response
 def _thinking_data(vendor: str | None, field_name: str | None,
                    details: list[Any] | None = None) -> dict[str, Any] | None:
@@ -494,7 +517,7 @@ def parse_choice_message(msg: dict[str, Any], reasoning_keys: tuple[str, ...] = 
             inp, raw = parse_tool_arguments(args)
         fields = _tool_vendor_fields(tc)
         pdata = {SOURCE: {"vendor": vendor, "fields": fields}} if fields else None
-        blocks.append(ToolUseBlock(tc.get("id") or f"call_{i}", fn.get("name") or "", inp, raw, pdata))
+        blocks.append(ToolUseBlock(str(tc.get("id") or f"call_{i}"), fn.get("name") or "", inp, raw, pdata))
     fc = msg.get("function_call")
     if isinstance(fc, dict) and fc.get("name"):
         inp, raw = parse_tool_arguments(fc.get("arguments"))
@@ -504,7 +527,17 @@ def parse_choice_message(msg: dict[str, Any], reasoning_keys: tuple[str, ...] = 
 
 
 def parse_completion(data: dict[str, Any], provider: str, vendor: str | None = None) -> MessageResponse:
-    """A Chat Completions response body into a :class:`MessageResponse` (choice 0; others in ``extra``)."""
+    """A Chat Completions response body into a :class:`MessageResponse` (choice 0; others in ``extra``).
+
+    Raises:
+        ProviderProtocolError: a value of the wrong type (the message names its path).
+    """
+    check(data, COMPLETION_SHAPE, what="response body", provider=provider)
+    with guard("response body", provider):
+        return _parse_completion(data, provider, vendor)
+
+
+def _parse_completion(data: dict[str, Any], provider: str, vendor: str | None) -> MessageResponse:
     choices = data.get("choices") or []
     blocks: list[Any] = []
     refusal = None
@@ -592,6 +625,7 @@ class OpenAIChatStreamParser:
         self._started = False
         self.done = False
         self._chunks = 0
+        self._events = 0
         self._extra: dict[str, Any] = {}
 
     def _choice(self, index: int) -> _Choice:
@@ -602,6 +636,21 @@ class OpenAIChatStreamParser:
         return c
 
     def feed(self, sse: ServerSentEvent) -> list[StreamEvent]:
+        """The stream events of one chunk.
+
+        Raises:
+            ProviderError: an error object in the stream, as its most specific class.
+            ProviderProtocolError: a chunk that is not a JSON object, or holds a value of the wrong
+                type (the message names its path: ``stream event 3: choices[0].delta.content: expected
+                string or array, got number``).
+        """
+        self._events += 1
+        try:
+            return self._feed(sse)
+        except STRAY as exc:  # wire.guard, inlined: this runs once per chunk
+            raise stray_error(exc, f"stream event {self._events}", self.provider) from exc
+
+    def _feed(self, sse: ServerSentEvent) -> list[StreamEvent]:
         data = sse.data
         if data == "[DONE]":
             self.done = True
@@ -622,6 +671,7 @@ class OpenAIChatStreamParser:
             raise ProviderProtocolError(f"stream chunk is not a JSON object: {data[:200]!r}", provider=self.provider)
         if chunk.get("error"):
             raise error_from_payload(chunk, provider=self.provider)
+        check(chunk, CHUNK_SHAPE, what=f"stream event {self._events}", provider=self.provider, raw=data)
         self._chunks += 1
         out: list[StreamEvent] = []
         cid = chunk.get("id") or ""
@@ -811,6 +861,10 @@ class OpenAIChatStreamParser:
         sink.append(ev)
 
     def finish(self) -> list[StreamEvent]:
+        with guard("end of stream", self.provider):
+            return self._finish()
+
+    def _finish(self) -> list[StreamEvent]:
         main = self._choices[0]
         if not self.done and main.finish is None:
             if not self.partial.blocks and self.partial.usage is None:

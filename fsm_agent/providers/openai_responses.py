@@ -58,6 +58,7 @@ from .base import HttpProvider, StreamParser
 from .errors import error_from_payload
 from .sse import ServerSentEvent
 from .structured_output import response_format_of
+from .wire import ARRAY, COUNT, INT, OBJECT, STR, STRAY, check, guard, list_of, obj, one_of, stray_error, tagged
 
 __all__ = ["OpenAIResponsesProvider", "OpenAIResponsesStreamParser", "keep_reasoning_items",
            "map_status", "messages_to_input", "parse_output", "parse_usage"]
@@ -343,6 +344,28 @@ def _pair_calls(items: list[dict[str, Any]], groups: list[int | None]
     return fixed, fixed_groups
 
 
+# ---------------------------------------------------------------------------- wire shapes
+# What the parsers below read, by type (fsm_agent.providers.wire): a frame that differs raises a
+# ProviderProtocolError naming the path. Keys not named here are kept or ignored as received.
+_USAGE = obj(input_tokens=COUNT, output_tokens=COUNT, total_tokens=COUNT,
+             input_tokens_details=obj(cached_tokens=COUNT), output_tokens_details=obj(reasoning_tokens=COUNT))
+_PART = obj(type=STR, text=STR, annotations=ARRAY, refusal=STR)
+_PARTS = list_of(_PART)
+_ITEMS = {
+    "message": obj(id=STR, phase=STR, content=_PARTS),
+    "function_call": obj(id=STR, call_id=STR, name=STR, arguments=one_of(STR, OBJECT)),
+    "reasoning": obj(id=STR, summary=_PARTS, content=_PARTS, encrypted_content=STR),
+}
+_ITEM = tagged("type", _ITEMS, obj(id=STR), missing="message")
+RESPONSE_SHAPE = obj(id=STR, model=STR, status=STR,
+                     output=list_of(tagged("type", _ITEMS, obj(id=STR), missing="message", nullable=False)),
+                     usage=_USAGE, incomplete_details=obj(reason=STR), error=OBJECT)
+"""A response object, as :func:`parse_output` reads it."""
+EVENT_SHAPE = obj(type=STR, response=RESPONSE_SHAPE, item=_ITEM, part=_PART, delta=STR, text=STR, refusal=STR,
+                  arguments=STR, output_index=INT, content_index=INT, summary_index=INT, item_id=STR)
+"""Every stream event the parser reads (those of ``_HANDLERS``); others are ignored."""
+
+
 # ---------------------------------------------------------------------------- response
 def parse_output(data: dict[str, Any], provider: str) -> MessageResponse:
     """A response object into a :class:`MessageResponse`, ``output`` items in order.
@@ -353,7 +376,14 @@ def parse_output(data: dict[str, Any], provider: str) -> MessageResponse:
 
     Raises:
         ProviderError: status ``failed`` or ``cancelled``, classified from ``error``.
+        ProviderProtocolError: a value of the wrong type (the message names its path).
     """
+    check(data, RESPONSE_SHAPE, what="response body", provider=provider)
+    with guard("response body", provider):
+        return _parse_output(data, provider)
+
+
+def _parse_output(data: dict[str, Any], provider: str) -> MessageResponse:
     _raise_if_failed(data, provider)
     blocks: list[ContentBlock] = []
     refusals: list[str] = []
@@ -421,8 +451,23 @@ class OpenAIResponsesStreamParser:
         self._citations: dict[int, list[Any]] = {}
         self._final: dict[str, Any] | None = None
         self._started = False
+        self._events = 0
 
     def feed(self, sse: ServerSentEvent) -> list[StreamEvent]:
+        """The stream events of one server-sent event.
+
+        Raises:
+            ProviderError: ``response.failed`` or an ``error`` event, as its most specific class.
+            ProviderProtocolError: data that is not a JSON object, or holds a value of the wrong type
+                (the message names its path: ``item.content[0].text: expected string, got number``).
+        """
+        self._events += 1
+        try:
+            return self._feed(sse)
+        except STRAY as exc:  # wire.guard, inlined: this runs once per event
+            raise stray_error(exc, f"stream event {self._events} ({sse.event})", self.provider) from exc
+
+    def _feed(self, sse: ServerSentEvent) -> list[StreamEvent]:
         data = sse.data.strip()
         if self._final is not None or not data or data == "[DONE]":
             return []
@@ -439,7 +484,10 @@ class OpenAIResponsesStreamParser:
         if kind == "error" or sse.event == "error":
             raise error_from_payload(ev, provider=self.provider)
         out: list[StreamEvent] = []
-        handler = _HANDLERS.get(kind)
+        handler = _HANDLERS.get(kind) if isinstance(kind, str) else None
+        if handler is not None or not isinstance(kind, str):  # a "type" that is no string fails the check
+            check(ev, EVENT_SHAPE, what=f"stream event {self._events} ({kind if handler else sse.event})",
+                  provider=self.provider, raw=data)
         if handler is not None:
             if not self._started and handler[0] != "_on_terminal":
                 self._on_start(ev, out)
@@ -640,6 +688,10 @@ class OpenAIResponsesStreamParser:
             out.append(ev)
 
     def finish(self) -> list[StreamEvent]:
+        with guard("end of stream", self.provider):
+            return self._finish()
+
+    def _finish(self) -> list[StreamEvent]:
         final = self._final
         if final is None:
             if self.partial.blocks or self.partial.refusal_parts:
