@@ -25,6 +25,8 @@ from attrs import define, field, frozen
 
 from ..providers.record import load_recording
 
+from ._loopback import serve_on_loopback
+
 __all__ = ["RecordedResponse", "ReceivedRequest", "ReplayServer"]
 
 
@@ -137,12 +139,7 @@ class ReplayServer:
         """Start on a free loopback port; returns the base URL (``http://127.0.0.1:PORT``)."""
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_route("*", "/{tail:.*}", self._handle)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        self.base_url = f"http://127.0.0.1:{port}"
+        self._runner, self.base_url = await serve_on_loopback(app)
         return self.base_url
 
     async def close(self) -> None:

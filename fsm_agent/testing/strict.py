@@ -37,6 +37,8 @@ import orjson
 from aiohttp import web
 from attrs import define, field, frozen
 
+from ._loopback import serve_on_loopback
+
 __all__ = ["Reply", "StrictServer", "calls", "text", "wire_violation"]
 
 
@@ -132,12 +134,7 @@ class StrictServer:
         app = web.Application()
         app.router.add_post("/chat/completions", self._handle)
         app.router.add_post("/v1/chat/completions", self._handle)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        self.base_url = f"http://127.0.0.1:{port}"
+        self._runner, self.base_url = await serve_on_loopback(app)
         return self.base_url
 
     async def close(self) -> None:
