@@ -103,6 +103,12 @@ class _Printer:
     def on_budget_warning(self, ev: Any) -> None:
         self.err.write(f"! budget {ev.budget}: {ev.used:g} of {ev.limit:g} used\n")
 
+    def on_model_retry(self, ev: Any) -> None:
+        self._nl()
+        status = f" (HTTP {ev.status})" if ev.status is not None else ""
+        hint = ", as the server asked" if ev.server_hint else ""
+        self.err.write(f"! model call failed: {ev.kind}{status}; retry {ev.attempt} in {ev.delay_s:.3g} s{hint}\n")
+
 
 # -- building blocks ------------------------------------------------------------------------
 def open_store(location: str | None = None, *, create: bool = True) -> Any:

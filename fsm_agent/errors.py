@@ -255,6 +255,7 @@ class ProviderError(RunError):
         retryable: whether retrying the same request may succeed.
         partial: what a stream produced before it failed, or ``None``.
         code: the provider's machine-readable error code or type, when given.
+        retry_after: the wait in seconds the server asked for (``Retry-After``), or ``None``.
     """
 
     default_retryable = False
@@ -280,6 +281,7 @@ class ProviderError(RunError):
         self.retryable = self.default_retryable if retryable is None else retryable
         self.partial = partial
         self.code = code
+        self.retry_after: float | None = None
 
     def __str__(self) -> str:
         where = []
@@ -296,8 +298,9 @@ class ProviderError(RunError):
         return _KINDS.get(type(self), "provider_error")
 
     def to_info(self) -> dict[str, Any]:
-        """A JSON-ready summary for stop reasons and event logs (no headers, body cut to 2 KiB)."""
-        return {
+        """A JSON-ready summary for stop reasons and event logs (no headers, body cut to 2 KiB; with
+        ``retry_after_s`` when the server asked for a wait)."""
+        info: dict[str, Any] = {
             "kind": self.kind,
             "message": self.message,
             "provider": self.provider,
@@ -306,6 +309,9 @@ class ProviderError(RunError):
             "retryable": self.retryable,
             "body": self.body[:2048] if self.body else None,
         }
+        if self.retry_after is not None:
+            info["retry_after_s"] = self.retry_after
+        return info
 
 
 class RateLimitError(ProviderError):

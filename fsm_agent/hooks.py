@@ -5,6 +5,7 @@ plain callable that receives every event:
 
 * ``on_transition(TransitionEvent)`` — every move of the machine;
 * ``on_model_event(ModelStreamEvent)`` — text/thinking/tool-call deltas of the current model call;
+* ``on_model_retry(ModelRetry)`` — a failed model call is tried again (status, reason, the wait);
 * ``on_tool_started(ToolStarted)`` / ``on_tool_finished(ToolFinished)``;
 * ``on_budget_warning(BudgetWarning)``;
 * ``on_approval_requested(ApprovalRequested)`` — tool calls wait for a person;
@@ -27,6 +28,7 @@ from .errors import ConfigurationError
 from .types.events import (
     ApprovalRequested,
     BudgetWarning,
+    ModelRetry,
     ModelStreamEvent,
     ObserverEvent,
     ToolFinished,
@@ -41,6 +43,7 @@ log = logging.getLogger("fsm_agent.hooks")
 _METHOD = {
     TransitionEvent: "on_transition",
     ModelStreamEvent: "on_model_event",
+    ModelRetry: "on_model_retry",
     ToolStarted: "on_tool_started",
     ToolFinished: "on_tool_finished",
     BudgetWarning: "on_budget_warning",
@@ -54,6 +57,8 @@ class Observer:
     def on_transition(self, event: TransitionEvent) -> Any: ...
 
     def on_model_event(self, event: ModelStreamEvent) -> Any: ...
+
+    def on_model_retry(self, event: ModelRetry) -> Any: ...
 
     def on_tool_started(self, event: ToolStarted) -> Any: ...
 

@@ -50,6 +50,14 @@ logical call: ``calls`` (list of ``{"turn", "attempts": [{"provider", "index",
 "kind", "status", "waited"}], "answered_by"}``) and ``answered_by`` (the latest
 ``{"provider", "model", "index"}``; index 0 is the primary). The response's own
 ``provider`` field names the profile that served it.
+
+Every retry made here is announced with a :class:`fsm_agent.ModelRetry` event (``layer="retry"``:
+status, kind, the error's message as ``reason``, the chosen ``delay_s``, ``server_hint`` when the
+wait is the server's Retry-After), queued with ``ctx.emit`` before the wait: observers get it and
+the session log records it as ``model_retry``. The provider's own HTTP retries are announced the same
+way by the runtime (``layer="provider"``). A stop because the server's wait is longer than what is
+left of the budget (or than ``max_retry_after``) carries the wait as ``error["retry_after_s"]``, and
+its message says so.
 """
 
 from __future__ import annotations
@@ -58,7 +66,7 @@ import logging
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import Any
 
-from fsm_agent import MessageRequest, MessageResponse, Middleware, Provider, RunContext
+from fsm_agent import MessageRequest, MessageResponse, Middleware, ModelRetry, Provider, RunContext
 from fsm_agent.errors import ContextLengthExceededError, ProviderError
 from fsm_agent.providers import FallbackRule, RetryPolicy
 
@@ -180,6 +188,9 @@ class RetryFallback(Middleware):
                         break
                     log.info("model call via %s failed (%s); retry %d in %.3f s", _name(provider, ctx), exc.kind,
                              attempt, wait)
+                    ctx.emit(ModelRetry(ctx.session_id, ctx.turn, attempt, exc.status, exc.kind, exc.message[:2000],
+                                        wait, server_hint=exc.retry_after is not None,
+                                        provider=exc.provider or _name(provider, ctx), layer="retry"))
                     await self.policy.wait(wait)
                     waited = wait
                     continue

@@ -11,7 +11,7 @@ import pytest
 
 from fsm_agent.machine.state import RunState
 from fsm_agent.store import SCHEMA_VERSION, LedgerStatus
-from fsm_agent.types import BudgetWarning
+from fsm_agent.types import BudgetWarning, ModelRetry
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = (ROOT / "docs" / "schema.md").read_text()
@@ -47,7 +47,7 @@ def test_every_ledger_status_is_described(status: str) -> None:
 
 
 def test_every_event_type_written_is_in_the_table() -> None:
-    types = _written_event_types() | {BudgetWarning.TAG}
+    types = _written_event_types() | {BudgetWarning.TAG, ModelRetry.TAG}
     assert {"transition", "turn", "model_call", "run_stopped"} <= types  # the walker finds them
     table = DOC.split("## Event types", 1)[1]
     missing = sorted(t for t in types if f"| `{t}` |" not in table)

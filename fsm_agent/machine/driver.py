@@ -51,12 +51,12 @@ from ..chain import MiddlewareChain
 from ..errors import ContextLengthExceededError, LeaseLost, MiddlewareError, ProviderError, StopRun, StoreError
 from ..hooks import HookBus
 from ..middleware import Complete, Continue
-from ..providers.base import Provider, call_deadline
+from ..providers.base import Provider, call_deadline, retry_listener
 from ..store.base import ControlKind, ControlRecord, LedgerEntry, LedgerStatus
 from ..tools.registry import ToolEffect
 from ..types.codec import unstructure
 from ..types.content import TextBlock, ToolUseBlock
-from ..types.events import ModelStreamEvent, TransitionEvent
+from ..types.events import ModelRetry, ModelStreamEvent, TransitionEvent
 from ..types.messages import AssistantMessage, Message, ModelStopReason, ToolResultMessage, Usage, UserMessage
 from ..types.requests import MessageRequest, MessageResponse
 from ..types.run import ContextRef, PendingAction, RunResult, RunStop, StopReason, TurnRecord
@@ -779,6 +779,7 @@ class Driver:
         run.max_output_override = None
         remaining = ctx.remaining_wall_clock
         token = call_deadline.set(time.monotonic() + remaining) if remaining is not None else None
+        listening = retry_listener.set(self._on_retry)
         clock: asyncio.Timeout | None = None
         try:
             if remaining is None:
@@ -807,6 +808,7 @@ class Driver:
         except ProviderError as exc:
             return self._provider_failed(exc)
         finally:
+            retry_listener.reset(listening)
             if token is not None:
                 call_deadline.reset(token)
         self._request = None
@@ -877,7 +879,18 @@ class Driver:
 
     def _provider_failed(self, exc: ProviderError) -> Stop:
         reason = StopReason.FAILED_RETRYABLE if exc.retryable else StopReason.FAILED_TERMINAL
-        return Stop(reason, f"model call failed: {exc}", {"error": exc.to_info()})
+        # a stream cut mid-answer (a dropped connection): what streamed is kept, marked interrupted,
+        # so that a resume continues from it
+        kept = self._keep_interrupted_answer() if exc.retryable and self._streamed else ""
+        return Stop(reason, f"model call failed: {exc}{kept}", {"error": exc.to_info()})
+
+    async def _on_retry(self, exc: ProviderError, attempt: int, delay_s: float) -> None:
+        """The provider is about to retry an HTTP attempt of the model call (its ``retry_listener``):
+        a ``model_retry`` event for the session log and the observers, delivered before the wait."""
+        self.ctx.emit(ModelRetry(self.ctx.session_id, self.run_state.turn, attempt, exc.status, exc.kind,
+                                 exc.message[:2000], delay_s, server_hint=exc.retry_after is not None,
+                                 provider=exc.provider))
+        await self._flush_outbox()
 
     def _account(self, request: MessageRequest, response: MessageResponse) -> float | None:
         """Add the call's usage and cost to the run; returns the call's cost (USD, ``None`` if unknown)."""

@@ -12,7 +12,7 @@ raw_stop_reason, usage, cost_usd, context), ``tool_call`` (call_id, tool, status
 (kind, text, control_id), ``control_dropped``, ``resume`` (decisions, limits, confirm_cancel: what a
 resume was given), ``recovered`` (state, checkpoint_id, reason),
 ``turn`` (a :class:`~fsm_agent.types.run.TurnRecord`), ``run_stopped`` (stop), plus the observer
-events middleware queue (``budget_warning`` ...).
+events middleware queue (``budget_warning`` ...) and ``model_retry`` (a retried model call).
 """
 
 from __future__ import annotations

@@ -7,13 +7,15 @@ from .base import (
     Provider,
     ProviderCapabilities,
     ProviderConfig,
+    RetryListener,
     RetryPolicy,
     ToolMode,
     call_deadline,
     first_token_timeout_for,
     may_retry,
+    retry_listener,
 )
-from .errors import classify_error, parse_retry_after
+from .errors import classify_error, parse_retry_after, scrub_error, scrub_secrets
 from .fallback import FallbackProvider, FallbackRule
 from .profiles import PROFILES, ProviderType, create_provider, detect_profile, get_profile
 from .scripted import ScriptedProvider, text_response, tool_call_response
@@ -30,6 +32,7 @@ __all__ = [
     "ProviderCapabilities",
     "ProviderConfig",
     "ProviderType",
+    "RetryListener",
     "RetryPolicy",
     "SSEDecoder",
     "ScriptedProvider",
@@ -43,6 +46,9 @@ __all__ = [
     "get_profile",
     "may_retry",
     "parse_retry_after",
+    "retry_listener",
+    "scrub_error",
+    "scrub_secrets",
     "text_response",
     "tool_call_response",
 ]

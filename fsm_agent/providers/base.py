@@ -15,6 +15,8 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import enum
+import inspect
+import logging
 import os
 import random
 import time
@@ -29,16 +31,18 @@ from ..errors import (
     ConfigurationError,
     ContextLengthExceededError,
     EmptyResponseError,
+    ProviderConnectionError,
     ProviderError,
     ProviderProtocolError,
-    RateLimitError,
 )
 from ..types.requests import MessageRequest, MessageResponse
 from ..types.stream import ErrorEvent, MessageComplete, StreamEvent, TextDelta, ThinkingDelta, ToolCallArgumentsDelta
-from .errors import classify_error
+from .errors import classify_error, scrub_error
 from .record import Recorder
 from .sse import DEFAULT_MAX_EVENT_BYTES, SSEDecoder, ServerSentEvent
 from .wire import ANY, check, guard
+
+log = logging.getLogger("fsm_agent.providers")
 
 __all__ = [
     "HttpProvider",
@@ -47,18 +51,46 @@ __all__ = [
     "Provider",
     "ProviderCapabilities",
     "ProviderConfig",
+    "RetryListener",
     "RetryPolicy",
     "StreamParser",
     "ToolMode",
+    "announce_retry",
     "call_deadline",
     "first_token_timeout_for",
     "may_retry",
+    "retry_listener",
     "server_retry_after",
 ]
 
 call_deadline: contextvars.ContextVar[float | None] = contextvars.ContextVar("fsm_agent_call_deadline", default=None)
 """``time.monotonic()`` instant past which no retry may sleep (the run's remaining wall-clock budget).
 The driver sets it around each model call; ``None`` means no limit."""
+
+RetryListener = Callable[[ProviderError, int, float], Any]
+"""``(error, retry_number, delay_s) -> None`` (or an awaitable): told of a retry before its wait."""
+
+retry_listener: contextvars.ContextVar[RetryListener | None] = contextvars.ContextVar(
+    "fsm_agent_retry_listener", default=None)
+"""Called by :meth:`HttpProvider.chat` / :meth:`HttpProvider.chat_stream` before each retry's wait,
+with the error that caused it, the retry number (1-based) and the wait in seconds. The driver sets it
+around each model call and turns each call into a :class:`~fsm_agent.types.ModelRetry` event (for
+the observers and the session log), so that the provider layer never knows the driver. A listener
+that raises is logged and ignored; ``None`` means nobody listens."""
+
+
+async def announce_retry(error: ProviderError, retry_number: int, delay_s: float) -> None:
+    """Tell the :data:`retry_listener` of the current context about a retry (never raises but for
+    cancellation)."""
+    listener = retry_listener.get()
+    if listener is None:
+        return
+    try:
+        result = listener(error, retry_number, delay_s)
+        if inspect.isawaitable(result):
+            await result
+    except Exception:  # noqa: BLE001 - a listener cannot change the call
+        log.exception("retry listener %r failed; ignored", listener)
 
 
 class ToolMode(str, enum.Enum):
@@ -164,9 +196,11 @@ def may_retry(error: ProviderError) -> bool:
 
 
 def server_retry_after(error: ProviderError) -> float | None:
-    """The wait in seconds the server asked for with ``error``, or ``None``: ``RateLimitError.retry_after``,
-    else the ``retry-after-ms`` or ``Retry-After`` header on it (what :meth:`RetryPolicy.delay` honours)."""
-    server = error.retry_after if isinstance(error, RateLimitError) else None
+    """The wait in seconds the server asked for with ``error``, or ``None``: ``error.retry_after``
+    (set from the headers, or from a 429's "try again in" wording), else the ``retry-after-ms`` or
+    ``Retry-After`` header on it (what :meth:`RetryPolicy.delay` honours). An HTTP-date is measured
+    against the response's ``Date`` header (see :func:`~fsm_agent.providers.parse_retry_after`)."""
+    server = error.retry_after
     if server is None and error.headers:
         from .errors import parse_retry_after
 
@@ -197,11 +231,13 @@ class RetryPolicy:
     taken off it, and no computed wait exceeds ``max_delay``. With the defaults: retry 1 waits
     0.5-1 s, retry 2 1-2 s, retry 3 2-4 s.
 
-    A server-requested wait (``RateLimitError.retry_after``, else the ``retry-after-ms`` or
+    A server-requested wait (``ProviderError.retry_after``, else the ``retry-after-ms`` or
     ``Retry-After`` header, see :func:`~fsm_agent.providers.parse_retry_after`) replaces the
     computed one exactly, without jitter; one above ``max_retry_after`` ends the retries. No wait
     ever ends at or past :data:`call_deadline` (nor past ``remaining`` seconds when a caller gives
-    it): the error is raised at once instead.
+    it): the error is raised at once instead. When a server's wait ended the retries, the error
+    says so in its message and keeps the wait in ``retry_after`` (so a run's stop carries it as
+    ``error["retry_after_s"]``).
 
     Never retried: errors for which :func:`may_retry` is false (``retryable=False``; HTTP 400,
     401, 403, 404 and 422 whatever the flag says; context-length errors). An empty response is
@@ -254,7 +290,10 @@ class RetryPolicy:
             return None
         server = server_retry_after(error)
         if server is not None:
+            error.retry_after = server
             if server > self.max_retry_after:
+                _not_retried(error, f"the server asked to wait {server:g} s before retrying, longer than "
+                                    f"max_retry_after ({self.max_retry_after:g} s)")
                 return None
             wait = float(server)
         else:
@@ -264,12 +303,24 @@ class RetryPolicy:
             left = deadline - time.monotonic()
             remaining = left if remaining is None else min(remaining, left)
         if remaining is not None and wait >= remaining:
+            if server is not None:
+                _not_retried(error, f"the server asked to wait {server:g} s before retrying, and only "
+                                    f"{max(0.0, remaining):.1f} s are left of the run's wall-clock budget")
             return None
         return wait
 
     async def wait(self, seconds: float) -> None:
         """Sleep ``seconds`` with the policy's ``sleep``."""
         await (self.sleep or asyncio.sleep)(seconds)
+
+
+def _not_retried(error: ProviderError, why: str) -> None:
+    """Say in ``error``'s message why its retries ended (once; both retry layers may decide it)."""
+    note = f" (not retried: {why})"
+    if "(not retried: " not in error.message:
+        error.message += note
+        if error.args and isinstance(error.args[0], str):
+            error.args = (error.message, *error.args[1:])
 
 
 @frozen
@@ -392,6 +443,7 @@ class HttpProvider(Provider):
         self._http = HttpClient(
             profile.name, connect_timeout=self.config.connect_timeout, request_timeout=self.config.request_timeout
         )
+        self._http.secrets = self.secrets()
         if self.config.record_to:
             self._http.recorder = Recorder(self.config.record_to, secrets=(self.api_key or "",))
 
@@ -426,6 +478,22 @@ class HttpProvider(Provider):
     @abstractmethod
     def stream_parser(self) -> StreamParser:
         """A fresh parser for one streamed response."""
+
+    def secrets(self) -> tuple[str, ...]:
+        """What must never leave an error: the API key and the values of credential headers given in
+        the config (scrubbed from every error this provider raises, besides key-shaped tokens)."""
+        found = [self.api_key or ""]
+        for k, v in self.config.headers.items():
+            name = k.lower()
+            if any(w in name for w in ("auth", "key", "token", "secret", "cookie")):
+                found.append(v.split(" ", 1)[1] if name.endswith("authorization") and " " in v else v)
+        return tuple(s for s in found if s)
+
+    def _failed(self, exc: ProviderError) -> ProviderError:
+        """The error boundary of a call: name the provider and scrub the secrets."""
+        if exc.provider is None:
+            exc.provider = self.name
+        return scrub_error(exc, self._http.secrets)
 
     def auth_headers(self) -> dict[str, str]:
         if not self.api_key or self.profile.auth == "none":
@@ -520,10 +588,12 @@ class HttpProvider(Provider):
                     )
                 return self.interpret(request, response)
             except ProviderError as exc:
+                self._failed(exc)
                 retry += 1
                 wait = self.config.retry.delay(exc, retry)
                 if wait is None:
                     raise
+                await announce_retry(exc, retry, wait)
                 await self.config.retry.wait(wait)
 
     def decode_body(self, raw: bytes, status: int = 200, headers: Mapping[str, str] | None = None) -> MessageResponse:
@@ -557,9 +627,15 @@ class HttpProvider(Provider):
         parser = self.stream_parser()
         out: list[StreamEvent] = []
         try:
-            for sse in decoder.feed(raw) + decoder.flush():
-                out.extend(parser.feed(sse))
-            out.extend(parser.finish())
+            try:
+                for sse in decoder.feed(raw) + decoder.flush():
+                    out.extend(parser.feed(sse))
+                out.extend(parser.finish())
+            except ProviderError as exc:
+                cut = _cut_line(exc, decoder, parser, self.name)
+                if cut is exc:
+                    raise
+                raise cut from exc
         except ProviderError as exc:
             if exc.partial is None and getattr(parser, "partial", None) is not None and out:
                 try:
@@ -627,8 +703,7 @@ class HttpProvider(Provider):
                         exc.partial = parser.partial.snapshot()
                     except Exception:  # noqa: BLE001 - a broken partial must not hide the real error
                         exc.partial = None
-                if exc.provider is None:
-                    exc.provider = self.name
+                self._failed(exc)
                 retry += 1
                 wait = None
                 if not produced or self.config.allow_stream_replay:
@@ -636,6 +711,7 @@ class HttpProvider(Provider):
                 if wait is None:
                     yield ErrorEvent(exc.kind, str(exc))
                     raise
+                await announce_retry(exc, retry, wait)
                 await self.config.retry.wait(wait)
 
     async def _stream_batches(
@@ -659,18 +735,46 @@ class HttpProvider(Provider):
                 try:
                     for sse in sses:
                         out += parser.feed(sse)
-                except ProviderError:
+                except ProviderError as exc:
                     # the events this read decoded before the failing one are in the error's partial:
                     # the consumer sees them too, then the error
                     if out:
                         yield out
-                    raise
+                    cut = _cut_line(exc, decoder, parser, self.name)
+                    if cut is exc:
+                        raise
+                    raise cut from exc
                 if out:
                     yield out
-            yield parser.finish()
+            try:
+                last = parser.finish()
+            except ProviderError as exc:
+                cut = _cut_line(exc, decoder, parser, self.name)
+                if cut is exc:
+                    raise
+                raise cut from exc
+            yield last
         finally:
             if tap is not None:
                 self._http.record(resp, b"".join(tap))
+
+
+def _cut_line(exc: ProviderError, decoder: SSEDecoder, parser: StreamParser, provider: str) -> ProviderError:
+    """``exc``, or a retryable :class:`ProviderConnectionError` in its place when the body ended in
+    the middle of a line (a connection closed mid-event, with no chunked or length framing to tell
+    it): the cut line is what made the parser fail, not the provider's protocol. The partial decoded
+    before the cut is kept."""
+    if not decoder.ended_mid_line or not isinstance(exc, ProviderProtocolError):
+        return exc
+    partial = exc.partial
+    if partial is None and getattr(parser, "partial", None) is not None:
+        try:
+            partial = parser.partial.snapshot()
+        except Exception:  # noqa: BLE001 - a broken partial must not hide the real error
+            partial = None
+    return ProviderConnectionError(
+        f"the connection closed in the middle of a line: the response is incomplete ({exc.message})",
+        provider=exc.provider or provider, partial=partial)
 
 
 async def _flatten(batches: AsyncIterator[list[StreamEvent]]) -> AsyncIterator[StreamEvent]:

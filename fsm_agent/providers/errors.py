@@ -20,10 +20,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 import email.utils
 import re
 import time
-from collections.abc import Iterator, Mapping
+import urllib.parse
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import orjson
@@ -49,10 +51,13 @@ from ..errors import (
 )
 
 __all__ = [
+    "REDACTED",
     "classify_error",
     "error_from_payload",
     "map_transport_errors",
     "parse_retry_after",
+    "scrub_error",
+    "scrub_secrets",
 ]
 
 _BODY_LIMIT = 64 * 1024
@@ -98,6 +103,11 @@ def parse_retry_after(headers: Mapping[str, str], now: float | None = None) -> f
     """Seconds to wait from ``retry-after-ms``, or ``retry-after`` (seconds or an HTTP-date); ``None`` if absent.
 
     Header names must be lower-cased. Negative and unparsable values give ``None``.
+
+    An HTTP-date is measured against the response's own ``Date`` header when it has a valid one, so
+    that the skew between the server's clock and the local one does not count (RFC 9110 §10.2.3:
+    both dates come from the server's clock). Only without a ``Date`` header is it measured against
+    ``now`` (Unix seconds; default: the local clock). A date in the past gives 0.
     """
     ms = headers.get("retry-after-ms")
     if ms:
@@ -116,14 +126,121 @@ def parse_retry_after(headers: Mapping[str, str], now: float | None = None) -> f
         return v if v >= 0 else None
     except ValueError:
         pass
+    when = _http_date(ra)
+    if when is None:
+        return None
+    served = _http_date(headers.get("date") or "")
+    if served is None:
+        served = time.time() if now is None else now
+    return max(0.0, when - served)
+
+
+def _http_date(value: str) -> float | None:
+    """Unix seconds of an HTTP-date (IMF-fixdate, RFC 850 or asctime), or ``None``."""
+    if not value:
+        return None
     try:
-        when = email.utils.parsedate_to_datetime(ra)
-    except (TypeError, ValueError):
+        when = email.utils.parsedate_to_datetime(value.strip())
+    except (TypeError, ValueError, IndexError, OverflowError):
         return None
     if when is None:
         return None
-    delta = when.timestamp() - (time.time() if now is None else now)
-    return max(0.0, delta)
+    try:
+        if when.tzinfo is None:  # asctime has no zone; HTTP dates are always GMT
+            when = when.replace(tzinfo=datetime.timezone.utc)
+        return when.timestamp()
+    except (OverflowError, OSError, ValueError):
+        return None
+
+
+# -- secrets echoed in error responses --------------------------------------------------------------
+REDACTED = "[REDACTED]"
+"""What a scrubbed secret is replaced with."""
+
+_KEY_SHAPES: tuple[tuple[re.Pattern[str], str], ...] = (
+    # an Authorization value echoed back: "Bearer <token>" (the scheme is kept)
+    (re.compile(r"(?i)\b(bearer\s+)[A-Za-z0-9._~+/-]{16,}=*"), rf"\1{REDACTED}"),
+    # "api_key=...", "x-api-key: ...", "access_token": "..." (the name is kept)
+    (re.compile(r"""(?i)\b((?:x-)?(?:api[_-]?key|access[_-]?token|auth[_-]?token|secret[_-]?key|client[_-]?secret)"""
+                r"""["']?\s*[:=]\s*["']?)[^\s"',;&<>]{8,}"""), rf"\1{REDACTED}"),
+    # vendor-prefixed keys: OpenAI / DeepSeek / OpenRouter / Anthropic (sk-..., sk-proj-..., sk-or-v1-...,
+    # sk-ant-api03-...), Groq gsk_, xAI xai-, Perplexity pplx-, NVIDIA nvapi-, Hugging Face hf_
+    (re.compile(r"\b(?:sk|gsk|xai|pplx|nvapi|hf)[-_][A-Za-z0-9_-]{16,}"), REDACTED),
+    # Google API keys
+    (re.compile(r"\bAIza[0-9A-Za-z_-]{35}"), REDACTED),
+    # JSON Web Tokens
+    (re.compile(r"\beyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}"), REDACTED),
+    # 40 or more hex digits (160+ bits: longer than request ids and UUIDs)
+    (re.compile(r"(?<![0-9A-Za-z])[0-9a-fA-F]{40,}(?![0-9A-Za-z])"), REDACTED),
+    # 40 or more base64 characters mixing upper case, lower case and digits, unbroken by "_", "-" or "."
+    # (so snake_case names, paths and hostnames are kept)
+    (re.compile(r"(?<![A-Za-z0-9+/])(?=[A-Za-z0-9+/]*[0-9])(?=[A-Za-z0-9+/]*[a-z])(?=[A-Za-z0-9+/]*[A-Z])"
+                r"[A-Za-z0-9+/]{40,}={0,2}"), REDACTED),
+)
+_SECRET_HEADERS = frozenset({"authorization", "proxy-authorization", "x-api-key", "api-key", "x-goog-api-key",
+                             "cookie", "set-cookie"})
+_MIN_SECRET = 8
+"""Configured secrets shorter than this are not searched for (a placeholder key such as ``"k"``
+would otherwise blank every letter k)."""
+
+
+def scrub_secrets(text: str, secrets: Iterable[str] = ()) -> str:
+    """``text`` with every configured secret and every key-shaped token replaced by :data:`REDACTED`.
+
+    ``secrets`` (the configured API key, secret header values) are removed as given, JSON-escaped
+    (also with ``\\/``) and URL-encoded; those under 8 characters are ignored. Key-shaped tokens,
+    whatever key they are, are removed by deliberately conservative patterns (few false positives,
+    so error messages stay readable):
+
+    * ``Bearer <token>`` (16+ characters), and the value (8+ characters) after a name that says it
+      is a secret (``api_key=``, ``x-api-key:``, ``"access_token": "``, ``auth_token``,
+      ``secret_key``, ``client_secret``);
+    * vendor-prefixed keys: ``sk-`` (OpenAI, DeepSeek, OpenRouter ``sk-or-``, Anthropic
+      ``sk-ant-``), ``gsk_`` (Groq), ``xai-``, ``pplx-``, ``nvapi-``, ``hf_``, each followed by 16+
+      key characters; Google's ``AIza`` + 35; JSON Web Tokens (``eyJ...``);
+    * 40 or more hex digits, and 40 or more base64 characters that mix upper case, lower case and
+      digits (UUIDs, request ids and identifiers are shorter or broken by ``-``, ``_``, ``.``).
+    """
+    if not text:
+        return text
+    for secret in _variants(secrets):
+        if secret in text:
+            text = text.replace(secret, REDACTED)
+    for pattern, repl in _KEY_SHAPES:
+        text = pattern.sub(repl, text)
+    return text
+
+
+def _variants(secrets: Iterable[str]) -> list[str]:
+    out: list[str] = []
+    for s in secrets:
+        if not s or len(s) < _MIN_SECRET:
+            continue
+        escaped = orjson.dumps(s).decode()[1:-1]
+        for v in (s, escaped, escaped.replace("/", "\\/"), urllib.parse.quote(s, safe=""), urllib.parse.quote_plus(s)):
+            if v not in out:
+                out.append(v)
+    return sorted(out, key=len, reverse=True)  # an escaped form may contain the plain one
+
+
+def scrub_error(error: ProviderError, secrets: Iterable[str] = ()) -> ProviderError:
+    """Remove secrets (see :func:`scrub_secrets`) from ``error``'s message, body, headers and code,
+    in place, before it is stored, logged or printed; returns ``error``.
+
+    Header values whose name carries credentials (``authorization``, ``x-api-key``, ``cookie`` ...)
+    are replaced whole."""
+    secrets = tuple(secrets)
+    error.message = scrub_secrets(error.message, secrets)
+    if error.args and isinstance(error.args[0], str):
+        error.args = (error.message, *error.args[1:])
+    if error.body:
+        error.body = scrub_secrets(error.body, secrets)
+    if error.code:
+        error.code = scrub_secrets(error.code, secrets)
+    if error.headers:
+        error.headers = {k: REDACTED if k in _SECRET_HEADERS else scrub_secrets(v, secrets)
+                         for k, v in error.headers.items()}
+    return error
 
 
 def _extract(body: Any) -> tuple[str, str | None, str | None]:
@@ -205,11 +322,14 @@ def classify_error(
     *,
     provider: str | None = None,
     in_stream: bool = False,
+    secrets: Iterable[str] = (),
 ) -> ProviderError:
     """The most specific :class:`ProviderError` for an error response.
 
     A server's explicit ``x-should-retry: true|false`` header (Anthropic, OpenAI) overrides the
-    class's retryable default.
+    class's retryable default. A ``Retry-After`` on any error is kept as its ``retry_after``
+    (seconds). The error comes back scrubbed (:func:`scrub_error`): ``secrets`` and every key-shaped
+    token are gone from its message, body and headers.
 
     Args:
         status: HTTP status (``None`` or 200 for an error found inside a stream).
@@ -217,12 +337,16 @@ def classify_error(
         headers: response headers (any case).
         provider: profile name recorded on the error.
         in_stream: the error arrived inside a 200 stream; unrecognized ones become :class:`StreamError`.
+        secrets: values to remove besides key-shaped tokens (the configured API key).
     """
     err = _classify(status, body, headers, provider=provider, in_stream=in_stream)
-    should = {k.lower(): v for k, v in (headers or {}).items()}.get("x-should-retry", "").strip().lower()
+    hdrs = {k.lower(): v for k, v in (headers or {}).items()}
+    should = hdrs.get("x-should-retry", "").strip().lower()
     if should in ("true", "false"):
         err.retryable = should == "true"
-    return err
+    if err.retry_after is None and hdrs:
+        err.retry_after = parse_retry_after(hdrs)
+    return scrub_error(err, secrets)
 
 
 def _classify(

@@ -20,7 +20,7 @@ from typing import Any
 
 import aiohttp
 
-from ..errors import ProviderConnectionError, ProviderTimeoutError
+from ..errors import ProviderConnectionError, ProviderProtocolError, ProviderTimeoutError
 from .errors import classify_error, map_transport_errors
 from .sse import SSEDecoder, ServerSentEvent
 
@@ -54,6 +54,8 @@ class HttpClient:
         self.connector_limit = connector_limit
         self._session = session
         self._owns_session = session is None
+        self.secrets: tuple[str, ...] = ()
+        """Values scrubbed from every error (the configured API key), besides key-shaped tokens."""
         self.recorder: Any = None
         """``recorder(url, request_headers, request_body, status, response_headers, response_body)`` sees
         every exchange when set (``fsm_agent.providers.record.Recorder``)."""
@@ -115,7 +117,7 @@ class HttpClient:
                 finally:
                     resp.release()
             self.record(resp, raw)
-            raise classify_error(resp.status, raw, dict(resp.headers), provider=self.provider)
+            raise classify_error(resp.status, raw, dict(resp.headers), provider=self.provider, secrets=self.secrets)
         return resp
 
     async def read_body(self, resp: aiohttp.ClientResponse) -> bytes:
@@ -150,7 +152,8 @@ async def iter_sse(
         ProviderTimeoutError: no data event within ``first_event_timeout`` seconds of ``started``
             (``loop.time()`` when the request was sent; default: now), or a gap
             longer than ``chunk_timeout`` seconds between data events.
-        ProviderConnectionError: the connection dropped before the body ended.
+        ProviderConnectionError: the connection dropped before the body ended, or the body ended in
+            the middle of a line that does not decode (a close-delimited body cut mid-event).
         ProviderProtocolError: from the decoder (bad UTF-8, oversize event).
     """
     loop = asyncio.get_running_loop()
@@ -207,7 +210,14 @@ async def iter_sse(
                     watchdog.cancel()
                     watchdog = None
                 yield events
-        rest = decoder.flush()
+        try:
+            rest = decoder.flush()
+        except ProviderProtocolError as exc:
+            if not decoder.ended_mid_line:
+                raise
+            raise ProviderConnectionError(
+                f"the connection closed in the middle of a line: the response is incomplete ({exc.message})",
+                provider=provider) from exc
         if rest:
             yield rest
     finally:

@@ -70,6 +70,7 @@ class SSEDecoder:
         "_max",
         "_offset",
         "comments",
+        "ended_mid_line",
     )
 
     def __init__(self, max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES) -> None:
@@ -85,6 +86,10 @@ class SSEDecoder:
         self._offset = 0
         self.comments = 0
         """Comment lines seen so far (keep-alives)."""
+        self.ended_mid_line = False
+        """Set by :meth:`flush`: the input ended in the middle of a line (no CR or LF after its last
+        bytes), as when a connection closes mid-event. Callers treat a failure to decode that last
+        line as a dropped connection, not as a protocol error."""
 
     @property
     def last_event_id(self) -> str | None:
@@ -136,8 +141,11 @@ class SSEDecoder:
         return out
 
     def flush(self) -> list[ServerSentEvent]:
-        """End of input: process a last unterminated line and dispatch a pending event."""
+        """End of input: process a last unterminated line and dispatch a pending event.
+
+        Sets :attr:`ended_mid_line` when there was such a line."""
         out: list[ServerSentEvent] = []
+        self.ended_mid_line = bool(self._pending)
         if self._pending:
             buf = b"".join(self._pending)
             self._pending = []

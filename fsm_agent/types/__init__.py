@@ -15,6 +15,7 @@ from .content import (
 from .events import (
     ApprovalRequested,
     BudgetWarning,
+    ModelRetry,
     ModelStreamEvent,
     ObserverEvent,
     ToolFinished,
@@ -72,6 +73,7 @@ __all__ = [
     "MessageRequest",
     "MessageResponse",
     "MessageStart",
+    "ModelRetry",
     "ModelStopReason",
     "ModelStreamEvent",
     "ObserverEvent",

@@ -18,6 +18,7 @@ from .stream import StreamEvent
 __all__ = [
     "ApprovalRequested",
     "BudgetWarning",
+    "ModelRetry",
     "ModelStreamEvent",
     "ObserverEvent",
     "ToolFinished",
@@ -51,6 +52,35 @@ class ModelStreamEvent:
     session_id: str
     turn: int
     event: StreamEvent
+
+
+@frozen
+class ModelRetry:
+    """A failed model call is about to be tried again, after ``delay_s`` seconds.
+
+    Emitted for the provider's own retries of an HTTP attempt (``layer="provider"``) and for the
+    ``retry`` plugin's retries of a whole call (``layer="retry"``); written to the session log as
+    ``model_retry``."""
+
+    TAG: ClassVar[str] = "model_retry"
+    session_id: str
+    turn: int
+    attempt: int
+    """The retry about to be made (1 for the first retry)."""
+    status: int | None
+    """The failed attempt's HTTP status (``None``: no response, e.g. a dropped connection)."""
+    kind: str
+    """The error's kind (``rate_limited``, ``server_error``, ``connection`` ...)."""
+    reason: str
+    """The error's message (secrets already scrubbed)."""
+    delay_s: float
+    """The chosen wait before the retry, in seconds."""
+    server_hint: bool = False
+    """``delay_s`` is the wait the server asked for (``Retry-After``), honoured exactly."""
+    provider: str | None = None
+    """The provider that failed."""
+    layer: str = "provider"
+    """``provider`` (an HTTP attempt retried inside the provider call) or ``retry`` (the plugin)."""
 
 
 @frozen
@@ -101,4 +131,5 @@ class ApprovalRequested:
     pending: tuple[PendingAction, ...]
 
 
-ObserverEvent = Union[TransitionEvent, ModelStreamEvent, ToolStarted, ToolFinished, BudgetWarning, ApprovalRequested]
+ObserverEvent = Union[TransitionEvent, ModelStreamEvent, ModelRetry, ToolStarted, ToolFinished, BudgetWarning,
+                      ApprovalRequested]
