@@ -140,8 +140,8 @@ def collapse_repeated_calls(messages: Sequence[Message]) -> list[Message]:
                 if prev is not None and prev[1].name == b.name and prev[1].input == b.input:
                     before = prev[0]
                     answered_before = any(before < j < i for j in results.get(b.id, ()))
-                    nxt = next((k for k in range(i + 1, len(messages)) if isinstance(messages[k], AssistantMessage)
-                                and any(c.id == b.id for c in messages[k].tool_calls)), len(messages))
+                    nxt = next((k for k, later in enumerate(messages) if k > i and isinstance(later, AssistantMessage)
+                                and any(c.id == b.id for c in later.tool_calls)), len(messages))
                     own_result = any(i < j < nxt for j in results.get(b.id, ()))
                     if b.id in here or not answered_before or not own_result:
                         changed = True
