@@ -202,3 +202,18 @@ async def test_local_model_gives_a_valid_value(local_provider) -> None:
     assert validate_value(result.value, schema) is None
     assert set(result.value) == {"country", "capital"}
     assert all(isinstance(v, str) for v in result.value.values())
+
+
+def test_an_invalid_schema_is_refused_at_construction_before_any_call() -> None:
+    import pytest as _pytest
+
+    from fsm_agent import Agent, ConfigurationError, OutputSchema, ScriptedProvider
+
+    with _pytest.raises(ConfigurationError, match="invalid output JSON Schema at type"):
+        OutputSchema("bad", {"type": "nope"})
+    with _pytest.raises(ConfigurationError, match="must be a JSON Schema object"):
+        OutputSchema("bad", ["not", "a", "schema"])  # type: ignore[arg-type]
+    provider = ScriptedProvider(["never called"])
+    with _pytest.raises(ConfigurationError):
+        Agent(provider).run_sync("x", output_schema=OutputSchema("bad", {"properties": {"a": {"type": 3}}}))
+    assert provider.requests == []

@@ -901,9 +901,16 @@ class Driver:
                 c.name + str(c.input) for c in response.tool_calls)
             usage = Usage(count_message_tokens(request.messages), count_tokens(out_text), estimated=True)
         run.usage = run.usage + usage
-        cost = self.cost_of(response.model or request.model, usage) if self.cost_of is not None else None
+        model = response.model or request.model
+        cost = self.cost_of(model, usage) if self.cost_of is not None else None
         if self.cost_of is not None and run.cost_usd is not None:
             run.cost_usd = None if cost is None else run.cost_usd + cost
+            if cost is None and run.config.max_cost_usd is not None:
+                note = (f"the cost budget (${run.config.max_cost_usd:g}) cannot be enforced: model {model!r} has no "
+                        "known price (fsm_agent.pricing.register_price adds one); the other budgets still apply")
+                log.warning("session %s: %s", self.ctx.session_id, note)
+                if self.journal is not None:
+                    self.journal.record("warning", {"kind": "cost_unknown", "model": model, "message": note}, run.turn)
         return cost
 
     # -- PostTurn ------------------------------------------------------------------------

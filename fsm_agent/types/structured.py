@@ -27,6 +27,20 @@ def _check_name(_: object, __: object, value: str) -> None:
         raise ConfigurationError(f"output schema name {value!r} must match {_NAME.pattern}")
 
 
+def _check_schema(_: object, __: object, value: dict[str, Any]) -> None:
+    """The schema must be a valid JSON Schema (checked here, before any model is called)."""
+    if not isinstance(value, dict):
+        raise ConfigurationError(f"an output schema must be a JSON Schema object (a dict), not {type(value).__name__}")
+    import jsonschema  # imported with the first OutputSchema, not with fsm_agent
+
+    cls = jsonschema.validators.validator_for(value, default=jsonschema.Draft202012Validator)
+    try:
+        cls.check_schema(value)
+    except jsonschema.SchemaError as exc:
+        where = "/".join(str(p) for p in exc.path) or "the top level"
+        raise ConfigurationError(f"invalid output JSON Schema at {where}: {exc.message}") from None
+
+
 @frozen
 class OutputSchema:
     """A JSON Schema the answer must match, with the name providers ask for.
@@ -38,7 +52,7 @@ class OutputSchema:
 
     name: str = field(validator=_check_name)
     """``^[a-zA-Z0-9_-]{1,64}$`` (OpenAI's rule; also the forced-tool name on Anthropic)."""
-    schema: dict[str, Any] = field(factory=lambda: {"type": "object"})
+    schema: dict[str, Any] = field(factory=lambda: {"type": "object"}, validator=_check_schema)
     """JSON Schema (draft 2020-12) of the answer."""
     description: str = ""
     """What the answer is, for the model; sent where the protocol has a place for it."""

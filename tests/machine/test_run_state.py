@@ -218,3 +218,17 @@ async def test_task_cancel_during_the_call_keeps_the_stream_and_records_interrup
     assert rec.state == "INTERRUPTED" and rec.stop["resumable"] and rec.lease_owner is None
     loaded = [e.payload["message"] for e in await store.read_events("c") if e.type == "message"]
     assert loaded[-1]["provider_data"] == {"interrupted": True} and loaded[-1]["content"][0]["text"]
+
+
+async def test_a_cost_budget_on_a_model_without_a_price_warns_once(caplog) -> None:
+    import logging
+
+    store = MemoryStore()
+    provider = ScriptedProvider([tool_call_response(("echo", {"text": "a"}), model="no-such-model"),
+                                 text_response("done", model="no-such-model")])
+    with caplog.at_level(logging.WARNING, logger="fsm_agent.driver"):
+        result = await Agent(provider, tools=[echo], store=store).run("go", max_cost_usd=0.01)
+    assert result.stop.reason is StopReason.COMPLETED and result.cost_usd is None
+    warnings = [e.payload for e in await store.read_events(result.session_id) if e.type == "warning"]
+    assert [w["kind"] for w in warnings] == ["cost_unknown"] and warnings[0]["model"] == "no-such-model"
+    assert sum("cannot be enforced" in r.getMessage() for r in caplog.records) == 1
