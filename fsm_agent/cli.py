@@ -3,9 +3,10 @@
 Commands: ``run``, ``resume``, ``sessions list|show``, ``control``, ``diagram``, ``decode``,
 ``middleware list``.
 
-Exit codes: 0 COMPLETED (or success); 2 a usage or configuration error, an unknown session, a
-session that cannot be resumed (or a decision that does not fit it), or a ``run --session-id``
-that already exists; 3 WAITING_HUMAN; 4 PAUSED_BUDGET; 5 INTERRUPTED;
+Exit codes: 0 COMPLETED (or success); 2 a usage or configuration error (a session store that
+cannot be opened among them), an unknown session, a session that cannot be resumed (or a decision
+or budget that does not fit it: a resume that would stop again at once is refused before anything
+starts), or a ``run --session-id`` that already exists; 3 WAITING_HUMAN; 4 PAUSED_BUDGET; 5 INTERRUPTED;
 6 FAILED_RETRYABLE; 7 FAILED_TERMINAL; 8 CANCELLED; 1 anything else, e.g. a body ``decode``
 could not parse (a message says what).
 
@@ -15,14 +16,17 @@ Sessions are kept in ``$FSM_AGENT_STORE`` (a SQLite path or a ``postgresql://`` 
 ``run`` and ``resume`` drain on SIGINT (Ctrl-C) and SIGTERM: the run ends INTERRUPTED with the
 streamed text kept, a checkpoint and its lease released, the usual stop line and resume hint are
 printed, and the exit code is 5, exactly as after ``fsm-agent control ID interrupt``. A second
-signal stops the process at once.
+signal stops the process at once; it still prints the stop line when the run reached one, else the
+session id and the command that resumes it (exit 5).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import fnmatch
+import math
 import os
 import re
 import sys
@@ -130,6 +134,35 @@ def open_store(location: str | None = None, *, create: bool = True) -> Any:
     return SQLiteStore(loc)
 
 
+async def _checked_store(location: str | None = None, *, create: bool = True) -> Any:
+    """:func:`open_store`, then one read, so that a store that cannot be opened (an unreachable
+    server, a path that cannot be created, a file that is no database) is found before anything
+    starts and before a session id is printed.
+
+    Raises:
+        ConfigurationError: the store cannot be opened; the message names its location and why.
+    """
+    from .errors import StoreError
+
+    try:
+        store = open_store(location, create=create)
+    except StoreError as exc:
+        raise ConfigurationError(_store_problem(exc)) from None
+    try:
+        await store.list_sessions(1)  # connects, creates or migrates the schema
+    except StoreError as exc:
+        with contextlib.suppress(Exception):
+            await store.close()
+        raise ConfigurationError(_store_problem(exc)) from None
+    return store
+
+
+def _store_problem(exc: Any) -> str:
+    again = "; retrying may help" if exc.transient else ""
+    return (f"cannot open the session store {exc.location}: {exc.cause}{again} "
+            "(check --store or $FSM_AGENT_STORE)")
+
+
 def _settings(args: argparse.Namespace) -> dict[str, Any]:
     provider = args.provider or _env("FSM_AGENT_PROVIDER")
     base_url = args.base_url or _env("FSM_AGENT_BASE_URL")
@@ -150,8 +183,10 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def _local_model(path: str | None, provider: str) -> str | None:
+def _local_model(path: str | None, provider: str, session_id: str | None = None) -> str | None:
     """``--local-model PATH`` checked before anything starts: the absolute path of a GGUF file.
+
+    ``session_id``: the session a ``resume`` continues (its provider cannot change).
 
     Raises:
         ConfigurationError: the file is missing or not GGUF, or another provider was chosen.
@@ -159,6 +194,10 @@ def _local_model(path: str | None, provider: str) -> str | None:
     if path is None:
         return None
     if provider != "local":
+        if session_id is not None:
+            raise ConfigurationError(f"--local-model runs a GGUF file on the embedded llama.cpp server; session "
+                                     f"{session_id} runs on the provider {provider!r}, which a resume keeps "
+                                     "(leave out --local-model)")
         raise ConfigurationError(f"--local-model runs a GGUF file on the embedded llama.cpp server; it does not "
                                  f"combine with the provider {provider!r} (leave out --provider/--base-url)")
     from .local import check_gguf
@@ -240,7 +279,11 @@ class _AgentFactory:
                      observers=observers, config=config, store=store)
 
 
-def _report(result: Any, args: argparse.Namespace, printer: _Printer | None, out: TextIO, err: TextIO) -> int:
+_BASE_URL_QUESTION = "; is the base URL right and the server up?"  # the provider's words; resume keeps the URL
+
+
+def _report(result: Any, args: argparse.Namespace, printer: _Printer | None, out: TextIO, err: TextIO,
+            settings: dict[str, Any] | None = None) -> int:
     from .types.codec import unstructure
 
     if args.json:
@@ -248,66 +291,136 @@ def _report(result: Any, args: argparse.Namespace, printer: _Printer | None, out
         return EXIT_CODES[result.stop.reason]
     if printer is not None and printer.open_line:
         out.write("\n")
+        printer.open_line = False
     if not result.output and result.stop.reason is StopReason.COMPLETED:
         out.write("(the model gave no text)\n")
     u = result.usage
     est = " (estimated)" if u.estimated else ""
     cost = f", ${result.cost_usd:.6f}" if result.cost_usd else ""
-    err.write(f"stop: {result.stop.reason.value} — {result.stop.detail}\n")
-    err.write(f"usage: {u.input_tokens} input + {u.output_tokens} output tokens{est}{cost}; "
-              f"{result.turns} model call(s), {result.tool_calls} tool call(s), {result.duration_s:.1f} s\n")
-    error = result.stop.error
-    if error and error.get("message") and error["message"] not in result.stop.detail:
-        err.write(f"error ({error.get('kind', 'error')}): {error['message']}\n")
-    for p in result.stop.pending_actions:
-        err.write(f"pending: {p.call.id} {p.call.name}({orjson.dumps(p.call.input).decode()}) — {p.reason}\n")
-    sid = result.session_id
-    approve = " ".join(f"--approve {p.call.id}" for p in result.stop.pending_actions) or "--approve CALL"
-    hints = {
-        StopReason.WAITING_HUMAN: f"fsm-agent resume {sid} {approve}; or, per call, --reject CALL --message TEXT | "
-                                  f"--edit CALL='{{...}}' | --respond CALL=TEXT",
-        StopReason.PAUSED_BUDGET: f"fsm-agent resume {sid} --budget "
-                                  f"{result.stop.budget or 'iterations'}=N",
-        StopReason.INTERRUPTED: f"fsm-agent resume {sid}",
-        StopReason.FAILED_RETRYABLE: f"fsm-agent resume {sid}",
-    }
-    hint = hints.get(result.stop.reason)
-    err.write(f"session: {sid}" + (f" (continue with: {hint})" if hint else "") + "\n")
-    return EXIT_CODES[result.stop.reason]
+    stop = result.stop
+    pending = [(p.call.id, p.call.name, p.call.input, p.reason) for p in stop.pending_actions]
+    _stop_lines(stop.reason, stop.detail, stop.error, pending, err,
+                usage=f"usage: {u.input_tokens} input + {u.output_tokens} output tokens{est}{cost}; "
+                      f"{result.turns} model call(s), {result.tool_calls} tool call(s), {result.duration_s:.1f} s")
+    hint = _hint(result.session_id, stop.reason, [p[0] for p in pending], stop.budget, stop.error, settings)
+    err.write(f"session: {result.session_id}" + (f" (continue with: {hint})" if hint else "") + "\n")
+    return EXIT_CODES[stop.reason]
+
+
+def _stop_lines(reason: StopReason, detail: str, error: dict[str, Any] | None,
+                pending: Sequence[tuple[str, str, Any, str]], err: TextIO, usage: str | None = None) -> None:
+    """The ``stop:`` line (with ``usage:``, ``error:`` and ``pending:`` lines) of a stopped run."""
+    if error and error.get("message") and error["message"] not in detail:
+        said = f"error ({error.get('kind', 'error')}): {error['message']}"
+    else:
+        said = ""
+    if reason is StopReason.FAILED_RETRYABLE:  # the hint says what a resume can change; the base URL it cannot
+        detail, said = detail.replace(_BASE_URL_QUESTION, ""), said.replace(_BASE_URL_QUESTION, "")
+    err.write(f"stop: {reason.value} — {detail}\n")
+    if usage:
+        err.write(usage + "\n")
+    if said:
+        err.write(said + "\n")
+    for cid, name, arguments, why in pending:
+        err.write(f"pending: {cid} {name}({orjson.dumps(arguments).decode()}) — {why}\n")
+
+
+def _hint(sid: str, reason: StopReason, pending: Sequence[str], budget: str | None, error: dict[str, Any] | None,
+          settings: dict[str, Any] | None = None) -> str | None:
+    """The ``fsm-agent resume`` command that continues a session stopped for ``reason`` (only what
+    ``resume`` can change), or ``None`` when it cannot be resumed."""
+    if reason is StopReason.WAITING_HUMAN:
+        approve = " ".join(f"--approve {cid}" for cid in pending) or "--approve CALL"
+        return (f"fsm-agent resume {sid} {approve}; or, per call, --reject CALL --message TEXT | "
+                f"--edit CALL='{{...}}' | --respond CALL=TEXT")
+    if reason is StopReason.PAUSED_BUDGET:
+        return f"fsm-agent resume {sid} --budget {budget or 'iterations'}=N"
+    if reason is StopReason.INTERRUPTED:
+        return f"fsm-agent resume {sid}"
+    if reason is StopReason.FAILED_RETRYABLE:
+        error = error or {}
+        if error.get("kind") == "output_truncated":
+            used = error.get("max_tokens")
+            more = f" (more than {used})" if isinstance(used, int) else ""
+            return f"fsm-agent resume {sid} --max-output-tokens N{more}"
+        base_url = (settings or {}).get("base_url")
+        if error.get("kind") == "connection" and base_url:
+            return (f"fsm-agent resume {sid} once {base_url} answers; a resume keeps the session's provider and "
+                    "base URL (a wrong URL needs a new run)")
+        return f"fsm-agent resume {sid}"
+    return None
 
 
 # -- commands -----------------------------------------------------------------------------------
-async def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+class _Progress:
+    """How far a ``run`` or ``resume`` got, for what is printed after a second Ctrl-C."""
+
+    def __init__(self) -> None:
+        self.session_id: str | None = None  # set just before the run drives the session
+        self.printer: _Printer | None = None
+        self.settings: dict[str, Any] | None = None
+        self.result: Any = None
+        self.reported = False
+
+
+def _positive(option: str, value: float | None, *, whole: bool = False) -> None:
+    """A CLI number option checked with the CLI's own name (``--timeout``, ``--budget iterations``)."""
+    if value is None:
+        return
+    if not math.isfinite(value) or value <= 0:
+        what = "a whole number of at least 1" if whole else "a positive number"
+        raise ConfigurationError(f"{option} must be {what}, not {value:g}")
+
+
+async def _run(args: argparse.Namespace, out: TextIO, err: TextIO, progress: _Progress | None = None) -> int:
     from .machine.context import RunConfig
 
+    progress = progress or _Progress()
+    if not args.task.strip():
+        raise ConfigurationError("the task is empty; say what the agent should do, e.g. "
+                                 "fsm-agent run \"What is 17*23?\" --tool calculator")
+    _positive("--max-iterations", args.max_iterations, whole=True)
+    _positive("--timeout", args.timeout)
+    _positive("--max-tokens", args.max_tokens, whole=True)
+    _positive("--max-output-tokens", args.max_output_tokens, whole=True)
     settings = _settings(args)
     config = RunConfig(max_iterations=args.max_iterations, max_wall_clock=args.timeout, max_tokens=args.max_tokens,
                        max_output_tokens=args.max_output_tokens, stream=not args.no_stream)  # checks the values
     printer = None if args.json else _Printer(out, err, args.verbose)
     factory = _AgentFactory(settings, args.api_key, err)  # checks tools and plugins before anything starts
     session_id = args.session_id or uuid.uuid4().hex
-    store = open_store(args.store)
+    store = await _checked_store(args.store)  # a bad --store is found before the local server starts
     try:
         if args.session_id:  # before the local server starts: a reused id is a mistake found in a moment
             existing = await store.get_session(session_id)
             if existing is not None:
-                err.write(f"fsm-agent: {_session_exists(session_id, existing.state)}\n")
+                err.write(f"fsm-agent: {_session_exists(session_id, existing.state, existing)}\n")
                 return 2
         async with factory:
             agent = factory.agent(store, config, [printer] if printer else [])
+            progress.session_id, progress.printer, progress.settings = session_id, printer, settings
             if printer is not None:
                 err.write(f"fsm-agent: session {session_id}\n")
             async with agent.drain_on_signals():  # Ctrl-C / SIGTERM: end INTERRUPTED, resumable at once
                 result = await agent.run(args.task, session_id=session_id, metadata={"cli": settings})
+            progress.result = result
             if printer is not None:
                 printer.end_line()  # finish the streamed answer before the local server's goodbye
     finally:
         await store.close()
-    return _report(result, args, printer, out, err)
+    code = _report(result, args, printer, out, err, settings)
+    progress.reported = True
+    return code
 
 
-def _session_exists(session_id: str, state: str | None = None) -> str:
+def _session_exists(session_id: str, state: str | None = None, record: Any = None) -> str:
     """The one-line message for ``run --session-id`` naming a session that exists."""
+    owner = getattr(record, "lease_owner", None)
+    until = getattr(record, "lease_until", None) or 0.0
+    if owner is not None and until > time.time():
+        return (f"session {session_id!r} is running now (driven by worker {owner}, lease until "
+                f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(until))}); stop it with "
+                f"`fsm-agent control {session_id} interrupt`, or choose another --session-id")
     try:
         stopped: StopReason | None = StopReason(state) if state else None
     except ValueError:
@@ -318,6 +431,60 @@ def _session_exists(session_id: str, state: str | None = None) -> str:
     now = f" ({state})" if state else ""
     return (f"session {session_id!r} already exists{now}; continue it with `fsm-agent resume {session_id}`, "
             "or choose another --session-id")
+
+
+def _after_second_interrupt(progress: _Progress, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    """What a second Ctrl-C (``KeyboardInterrupt``) during ``run``/``resume`` still prints: the stop
+    line when the run reached one, else at least the session id and the command that resumes it."""
+    code = EXIT_CODES[StopReason.INTERRUPTED]
+    printer = progress.printer
+    if progress.result is not None:
+        if not progress.reported:
+            _report(progress.result, args, printer, out, err, progress.settings)
+        return code
+    if printer is not None and printer.open_line:
+        out.write("\n")
+        printer.open_line = False
+    sid = progress.session_id
+    if sid is None:  # nothing was stored yet
+        err.write("fsm-agent: interrupted\n")
+        return code
+    missing = object()
+    rec: Any = missing
+    try:  # the run's task was cancelled on the way out: it recorded its stop (INTERRUPTED) if it could
+        rec = asyncio.run(asyncio.wait_for(_read_record(args.store, sid), 10))
+    except (Exception, KeyboardInterrupt):  # noqa: BLE001 - the store is not needed to say how to resume
+        rec = missing
+    if rec is None:
+        err.write(f"fsm-agent: interrupted before session {sid} was stored; nothing to resume\n")
+        return code
+    err.write("fsm-agent: interrupted\n")
+    hint: str | None = f"fsm-agent resume {sid}"
+    if rec is not missing:
+        try:
+            reason: StopReason | None = StopReason(rec.state)
+        except ValueError:
+            reason = None
+        stop = rec.stop or {}
+        if reason is not None and stop:
+            pending = [(p["call"]["id"], p["call"]["name"], p["call"].get("input"), p.get("reason", ""))
+                       for p in stop.get("pending_actions") or ()]
+            _stop_lines(reason, str(stop.get("detail", "")), stop.get("error"), pending, err)
+            hint = _hint(sid, reason, [p[0] for p in pending], stop.get("budget"), stop.get("error"),
+                         progress.settings)
+        elif rec.lease_owner is not None and (rec.lease_until or 0) > time.time():
+            until = time.strftime("%H:%M:%S", time.localtime(rec.lease_until))
+            hint = f"fsm-agent resume {sid} after {until}, when this process's lease on it expires"
+    err.write(f"session: {sid}" + (f" (continue with: {hint})" if hint else "") + "\n")
+    return code
+
+
+async def _read_record(location: str | None, session_id: str) -> Any:
+    store = open_store(location)
+    try:
+        return await store.get_session(session_id)
+    finally:
+        await store.close()
 
 
 def _decisions(args: argparse.Namespace) -> dict[str, Any]:
@@ -358,8 +525,9 @@ def _decisions(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
-async def _check_resume(store: Any, session_id: str, decisions: dict[str, Any]) -> None:
-    """Check a resume before any lease is taken and before the local server starts.
+async def _check_resume(store: Any, session_id: str, decisions: dict[str, Any]) -> Any:
+    """Check a resume before any lease is taken and before the local server starts; returns the
+    loaded session.
 
     ``Agent.check_resume`` reads only the store, so a placeholder provider serves.
 
@@ -371,7 +539,76 @@ async def _check_resume(store: Any, session_id: str, decisions: dict[str, Any]) 
     from .agent import Agent
     from .providers.scripted import ScriptedProvider
 
-    await Agent(ScriptedProvider([]), store=store).check_resume(session_id, decisions)
+    return await Agent(ScriptedProvider([]), store=store).check_resume(session_id, decisions)
+
+
+_DECISION_FLAGS = {"approve": "--approve {id}", "reject": "--reject {id} [--message TEXT]",
+                   "edit": "--edit {id}='{{...}}'", "respond": "--respond {id}=TEXT"}
+
+
+def _check_needs(session_id: str, loaded: Any, decisions: dict[str, Any], limits: dict[str, Any],
+                 confirm_cancel: bool) -> None:
+    """Refuse a resume that would stop again at once: a WAITING_HUMAN session given no decision, a
+    budget still exhausted (no ``--budget``, or one not above what is used), a budget lowered.
+
+    Raises:
+        ConfigurationError: what is missing, with the pending calls and their allowed decisions, or
+            the budget's name, limit and use.
+    """
+    from attrs import evolve
+
+    from .machine.state import RunState
+    from .types.codec import structure
+
+    rec = loaded.record
+    stop = rec.stop or {}
+    state = structure(loaded.state_data, RunState) if loaded.state_data is not None else None
+    if rec.state == StopReason.WAITING_HUMAN.value:
+        if stop.get("required_decision") == "confirm_cancel" and not confirm_cancel:
+            raise ConfigurationError(f"session {session_id} waits for a person to confirm its cancel "
+                                     f"({stop.get('detail', '')}); give --confirm-cancel")
+        pending = stop.get("pending_actions") or []
+        decided = set(decisions) | set(state.decisions if state is not None else ())
+        if pending and not decided & {p["call"]["id"] for p in pending}:
+            calls = []
+            for p in pending:
+                c = p["call"]
+                allowed = list(p.get("allowed_decisions") or _DECISION_FLAGS)
+                flags = " | ".join(_DECISION_FLAGS[a].format(id=c["id"]) for a in allowed if a in _DECISION_FLAGS)
+                calls.append(f"{c['id']} {c['name']}({orjson.dumps(c.get('input')).decode()}) allows "
+                             f"{', '.join(allowed)}: {flags}")
+            raise ConfigurationError(f"session {session_id} is waiting for a decision on {len(pending)} tool "
+                                     f"call(s); give one: " + "; ".join(calls))
+    if state is None:
+        return
+    cfg = state.config
+    used: dict[str, float | None] = {"max_iterations": state.turn, "max_wall_clock": state.elapsed,
+                                     "max_tokens": state.usage.total_tokens, "max_cost_usd": state.cost_usd}
+    names = {field: name for name, (field, _) in _BUDGETS.items()}
+    for field, value in limits.items():
+        if field not in names:
+            continue
+        now, spent = getattr(cfg, field), used[field]
+        if now is not None and value < now:
+            raise ConfigurationError(f"--budget {names[field]}={value:g} would lower the budget (now {now:g}); "
+                                     "--budget only raises one")
+        if spent is not None and value <= spent:
+            raise ConfigurationError(f"--budget {names[field]}={value:g} is not above what session {session_id} "
+                                     f"has used already ({_amount(field, spent)}); give more than {spent:g}")
+    new = evolve(cfg, **limits) if limits else cfg
+    for field, spent in used.items():
+        limit = getattr(new, field)
+        if limit is None or spent is None:
+            continue
+        if spent > limit or (spent >= limit and field != "max_wall_clock"):
+            raise ConfigurationError(f"session {session_id} is paused: its {names[field]} budget is exhausted "
+                                     f"({_amount(field, spent)} of {limit:g} used); raise it with --budget "
+                                     f"{names[field]}=N, N above {spent:g}")
+
+
+def _amount(field: str, spent: float) -> str:
+    return {"max_iterations": f"{spent:g} model call(s)", "max_wall_clock": f"{spent:.1f} s",
+            "max_tokens": f"{spent:g} tokens", "max_cost_usd": f"${spent:.4f}"}[field]
 
 
 def _limits(items: Sequence[str]) -> dict[str, Any]:
@@ -379,20 +616,29 @@ def _limits(items: Sequence[str]) -> dict[str, Any]:
     for item in items:
         for part in item.split(","):
             name, _, value = part.partition("=")
-            if name.strip() not in _BUDGETS:
+            name = name.strip()
+            if name not in _BUDGETS:
                 raise ConfigurationError(f"--budget {part!r}: budgets are {', '.join(_BUDGETS)} (NAME=VALUE)")
-            field, kind = _BUDGETS[name.strip()]
+            field, kind = _BUDGETS[name]
             try:
                 limits[field] = kind(value)
             except ValueError:
-                raise ConfigurationError(f"--budget {part!r}: {value!r} is not a number") from None
+                what = "a whole number" if kind is int else "a number"
+                raise ConfigurationError(f"--budget {part!r}: {value!r} is not {what}") from None
+            _positive(f"--budget {name}", limits[field], whole=kind is int)
     return limits
 
 
-async def _resume(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+async def _resume(args: argparse.Namespace, out: TextIO, err: TextIO, progress: _Progress | None = None) -> int:
     from .errors import ResumeError
 
-    store = open_store(args.store, create=False)
+    progress = progress or _Progress()
+    limits = _limits(args.budget)  # usage mistakes first: no store is needed to find them
+    _positive("--max-output-tokens", args.max_output_tokens, whole=True)
+    if args.max_output_tokens is not None:
+        limits["max_output_tokens"] = args.max_output_tokens
+    decisions = _decisions(args)
+    store = await _checked_store(args.store, create=False)
     try:
         rec = await store.get_session(args.session_id)
         if rec is None:
@@ -401,28 +647,32 @@ async def _resume(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         if settings is None:
             raise ResumeError(f"session {args.session_id} was not started by the CLI; resume it with Agent.resume()")
         if args.local_model is not None:  # e.g. the run's GGUF file moved
-            settings = {**settings, "local_model": _local_model(args.local_model, settings.get("provider") or "local")}
-        limits = _limits(args.budget)
-        decisions = _decisions(args)
-        await _check_resume(store, args.session_id, decisions)
+            settings = {**settings, "local_model": _local_model(args.local_model, settings.get("provider") or "local",
+                                                                args.session_id)}
+        loaded = await _check_resume(store, args.session_id, decisions)
+        _check_needs(args.session_id, loaded, decisions, limits, args.confirm_cancel)
         printer = None if args.json else _Printer(out, err, args.verbose)
         async with _AgentFactory(settings, args.api_key, err) as factory:
             agent = factory.agent(store, None, [printer] if printer else [])
+            progress.session_id, progress.printer, progress.settings = args.session_id, printer, settings
             async with agent.drain_on_signals():
                 result = await agent.resume(args.session_id, decisions=decisions,
                                             confirm_cancel=args.confirm_cancel, **limits)
+            progress.result = result
             if printer is not None:
                 printer.end_line()
     finally:
         await store.close()
-    return _report(result, args, printer, out, err)
+    code = _report(result, args, printer, out, err, settings)
+    progress.reported = True
+    return code
 
 
 async def _sessions(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from .store.sessions import load_session, read_turns
     from .types.codec import unstructure
 
-    store = open_store(args.store, create=False)
+    store = await _checked_store(args.store, create=False)
     try:
         if args.sessions_command == "list":
             rows = await store.list_sessions(args.limit)
@@ -510,7 +760,7 @@ async def _control(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     kind = ControlKind(args.kind)
     if kind in (ControlKind.STEER, ControlKind.FOLLOWUP) and not args.text:
         raise ConfigurationError(f"control {kind.value} needs a TEXT")
-    store = open_store(args.store, create=False)
+    store = await _checked_store(args.store, create=False)
     try:
         note = await send_control(store, args.session_id, kind, args.text or "")
     finally:
@@ -532,6 +782,9 @@ def _diagram(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         return 0
     chains = chains_of(args.agent) if args.agent else None
     trace = trace_of(Path(args.trace)) if args.trace else None
+    if trace is not None and not trace:
+        raise ConfigurationError(f"--trace {args.trace} holds no transition events (an empty file?); produce it "
+                                 "with `fsm-agent sessions show ID --events > FILE`")
     if chains is None and trace is None and not args.stdout:
         path = write_diagram(args.output)
         err.write(f"wrote {path}\n")
@@ -558,7 +811,15 @@ def _decode(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         headers[name.strip().lower()] = value.strip()
     if headers and args.status is None:
         raise ConfigurationError("--header goes with --status (the headers of an error response)")
-    raw = sys.stdin.buffer.read() if args.input == "-" else Path(args.input).read_bytes()
+    if args.status is not None and not 100 <= args.status <= 599:
+        raise ConfigurationError(f"--status {args.status}: an HTTP status is 100 to 599")
+    if args.input == "-":
+        raw = sys.stdin.buffer.read()
+    else:
+        try:
+            raw = Path(args.input).read_bytes()
+        except OSError as exc:
+            raise ConfigurationError(f"cannot read {args.input}: {exc.strerror or exc}") from None
     try:
         return decode_body(args.protocol, raw, out=out, err=err, events=args.events, status=args.status,
                            headers=headers)
@@ -600,6 +861,14 @@ def _middleware(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
 
 # -- parser -------------------------------------------------------------------------------------
+def _names(value: str) -> list[str]:
+    """``--approve-tools calculator,clock``: one value, comma-separated names."""
+    names = [n.strip() for n in value.split(",")]
+    if not all(names):
+        raise argparse.ArgumentTypeError(f"{value!r}: give NAME or NAME,NAME... (no empty names)")
+    return names
+
+
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--store", help="session store: SQLite path or postgresql:// DSN ($FSM_AGENT_STORE, "
                    "default ~/.fsm-agent/sessions.db)")
@@ -608,7 +877,8 @@ def _common(p: argparse.ArgumentParser) -> None:
 def _build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fsm-agent", description="Run LLM agents as an explicit state machine.")
     p.add_argument("--version", action="version", version=f"fsm-agent {__version__}")
-    sub = p.add_subparsers(dest="command", required=True)
+    sub = p.add_subparsers(dest="command", required=True,  # the metavar: a missing command names them all
+                           metavar="{run,resume,sessions,control,diagram,decode,middleware}")
 
     r = sub.add_parser("run", help="run one task to a stop reason")
     r.add_argument("task", help="what the agent should do")
@@ -633,9 +903,9 @@ def _build_parser() -> argparse.ArgumentParser:
     r.add_argument("--policy", metavar="FILE",
                    help="a tool policy file: allow / deny / ask rules per tool and argument (TOML, or JSON when "
                         "FILE ends in .json; format: docs/policy.md of the fsm_agent repository)")
-    r.add_argument("--approve-tools", nargs="+", action="extend", default=[], metavar="NAME",
-                   help="these tools (names or glob patterns) need a person's approval: the run stops "
-                        "WAITING_HUMAN (exit 3) until `fsm-agent resume ID --approve CALL_ID`")
+    r.add_argument("--approve-tools", type=_names, action="extend", default=[], metavar="NAME[,NAME...]",
+                   help="these tools (names or glob patterns, comma-separated; repeatable) need a person's "
+                        "approval: the run stops WAITING_HUMAN (exit 3) until `fsm-agent resume ID --approve CALL_ID`")
     r.add_argument("--max-iterations", type=int, default=50, help="model calls per run (default 50)")
     r.add_argument("--timeout", type=float, default=600.0, help="wall-clock budget in seconds (default 600)")
     r.add_argument("--max-tokens", type=int, help="token budget over the run (input + output)")
@@ -657,6 +927,8 @@ def _build_parser() -> argparse.ArgumentParser:
                     help="answer a call yourself instead of running the tool")
     rs.add_argument("--budget", action="append", default=[], metavar="NAME=VALUE",
                     help="raise a budget: iterations, wall_clock (s), tokens, cost (USD)")
+    rs.add_argument("--max-output-tokens", type=int, metavar="N",
+                    help="max tokens of each model answer from now on (e.g. after an answer was cut)")
     rs.add_argument("--confirm-cancel", action="store_true", help="confirm a cancel waiting on side effects")
     rs.add_argument("--api-key", help="API key for the session's provider")
     rs.add_argument("--local-model", metavar="PATH.gguf",
@@ -666,7 +938,7 @@ def _build_parser() -> argparse.ArgumentParser:
     _common(rs)
 
     s = sub.add_parser("sessions", help="list and inspect sessions")
-    ss = s.add_subparsers(dest="sessions_command", required=True)
+    ss = s.add_subparsers(dest="sessions_command", required=True, metavar="{list,show}")
     sl = ss.add_parser("list")
     sl.add_argument("--limit", type=int, default=50)
     sl.add_argument("--json", action="store_true")
@@ -706,7 +978,7 @@ def _build_parser() -> argparse.ArgumentParser:
     dc.add_argument("input", nargs="?", default="-", help="file to read (default: stdin)")
 
     m = sub.add_parser("middleware", help="installed middleware plugins")
-    ms = m.add_subparsers(dest="middleware_command", required=True)
+    ms = m.add_subparsers(dest="middleware_command", required=True, metavar="{list}")
     ms.add_parser("list")
     return p
 
@@ -716,11 +988,12 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None, err: T
     out = out or sys.stdout
     err = err or sys.stderr
     args = _build_parser().parse_args(argv)
+    progress = _Progress()
     try:
         if args.command == "run":
-            return asyncio.run(_run(args, out, err))
+            return asyncio.run(_run(args, out, err, progress))
         if args.command == "resume":
-            return asyncio.run(_resume(args, out, err))
+            return asyncio.run(_resume(args, out, err, progress))
         if args.command == "sessions":
             return asyncio.run(_sessions(args, out, err))
         if args.command == "control":
@@ -737,9 +1010,8 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None, err: T
     except UserError as exc:  # configuration, usage, unknown or final sessions
         err.write(f"fsm-agent: {exc}\n")
         return 2
-    except KeyboardInterrupt:
-        err.write("fsm-agent: interrupted\n")
-        return EXIT_CODES[StopReason.INTERRUPTED]
+    except KeyboardInterrupt:  # a second Ctrl-C (the first drains the run)
+        return _after_second_interrupt(progress, args, out, err)
     except BrokenPipeError:  # `... | head`: the reader went away; that is not an error
         try:
             sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - silence the flush at exit

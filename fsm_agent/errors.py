@@ -142,8 +142,8 @@ class SessionExistsError(UserError, KeyError):
         self.session_id = session_id
 
     def __str__(self) -> str:
-        return (f"session {self.session_id!r} already exists; resume it (Agent.resume / fsm-agent resume) "
-                "or choose another session id")
+        return (f"session {self.session_id!r} already exists; choose another session id (or none, for a fresh "
+                "one)")
 
 
 class RunError(FsmAgentError):

@@ -154,19 +154,30 @@ def default_threads() -> int:
 def server_threads(threads: int | None = None) -> int:
     """The ``-t`` value for ``llama-server``: ``threads``, else ``$LLAMA_ARG_THREADS``, else :func:`default_threads`.
 
-    As in llama.cpp, a value of 0 or less means one thread per hardware thread.
+    Either must be a positive whole number: llama.cpp's "0 or less: one per hardware thread" is
+    refused, since every core is what collapses on a shared machine (leave both unset for the default).
 
     Raises:
-        ConfigurationError: ``$LLAMA_ARG_THREADS`` is set but is not an integer.
+        ConfigurationError: ``threads`` is not an ``int`` of at least 1, or ``$LLAMA_ARG_THREADS`` is set
+            but is not a whole number of at least 1.
     """
     if threads is not None:
-        return int(threads)
+        if isinstance(threads, bool) or not isinstance(threads, int):
+            raise ConfigurationError(f"threads is {threads!r}, which is not a whole number (an int) of threads")
+        if threads < 1:
+            raise ConfigurationError(f"threads is {threads}; give at least 1 (or leave it out for the default, "
+                                     f"{default_threads()})")
+        return threads
     env = os.environ.get("LLAMA_ARG_THREADS", "").strip()
     if env:
         try:
-            return int(env)
+            value = int(env)
         except ValueError:
             raise ConfigurationError(f"$LLAMA_ARG_THREADS is {env!r}, which is not a whole number of threads") from None
+        if value < 1:
+            raise ConfigurationError(f"$LLAMA_ARG_THREADS is {env!r}; give at least 1 thread (or unset it for the "
+                                     f"default, {default_threads()})")
+        return value
     return default_threads()
 
 
@@ -194,16 +205,17 @@ class LocalLlamaServer:
             Any GGUF chat model llama.cpp can load works; tools need a 0.5B+ instruct model.
         port: TCP port on 127.0.0.1 (default: a free one).
         ctx_size: context window in tokens.
-        threads: generation threads (``-t``; default: ``$LLAMA_ARG_THREADS``, else the usable CPUs
-            minus one, at least 1). Prompt processing uses the same number unless ``extra_args``
+        threads: generation threads (``-t``), a positive int (default: ``$LLAMA_ARG_THREADS``, else the
+            usable CPUs minus one, at least 1). Prompt processing uses the same number unless ``extra_args``
             sets ``-tb``.
         startup_timeout: seconds to wait for ``/health`` to answer 200.
         log: called with progress messages (default: silent).
         extra_args: more ``llama-server`` arguments (a ``-t``/``--threads`` here replaces ours).
 
     Raises:
-        ConfigurationError: the ``llama-server`` binary or the model file is missing, or the model
-            file is not GGUF (the message says what to do); nothing is started then.
+        ConfigurationError: the ``llama-server`` binary or the model file is missing, the model
+            file is not GGUF, or the thread count is not a positive whole number (the message says
+            what to do); nothing is started then.
     """
 
     _proc: subprocess.Popen[bytes] | None = None  # class defaults: __del__ is safe when __init__ raised

@@ -149,8 +149,6 @@ def test_threads_reach_the_server_command_line(fake_binary, gguf, monkeypatch) -
     assert threads_of(LocalLlamaServer(gguf)) == ["2"]
     monkeypatch.setenv("LLAMA_ARG_THREADS", " 5 ")
     assert server_threads() == 5
-    monkeypatch.setenv("LLAMA_ARG_THREADS", "-1")   # llama.cpp: one per hardware thread
-    assert threads_of(LocalLlamaServer(gguf)) == ["-1"]
     # ... an explicit argument wins over both, and extra_args' own -t replaces ours
     assert threads_of(LocalLlamaServer(gguf, threads=1)) == ["1"]
     assert threads_of(LocalLlamaServer(gguf, extra_args=("-t", "4"))) == ["4"]
@@ -164,3 +162,27 @@ def test_a_bad_llama_arg_threads_is_exit_2_in_the_cli(no_process, fake_binary, g
     code, _, err = run_cli("run", "hi", "--local-model", str(gguf))
     assert code == 2 and "$LLAMA_ARG_THREADS is 'many'" in err
 
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "-2"])
+def test_llama_arg_threads_must_be_positive(fake_binary, gguf, monkeypatch, value) -> None:
+    monkeypatch.setenv("LLAMA_ARG_THREADS", value)   # llama.cpp would read it as "every core"
+    with pytest.raises(ConfigurationError, match=rf"\$LLAMA_ARG_THREADS is '{value}'; give at least 1 thread"):
+        LocalLlamaServer(gguf)
+
+
+@pytest.mark.parametrize("threads", [0, -2, "2", 2.0, True])
+def test_the_threads_argument_must_be_a_positive_int(fake_binary, gguf, monkeypatch, threads) -> None:
+    monkeypatch.delenv("LLAMA_ARG_THREADS", raising=False)
+    with pytest.raises(ConfigurationError, match=r"threads is "):
+        LocalLlamaServer(gguf, threads=threads)
+
+
+@pytest.mark.parametrize("value", ["0", "-2"])
+def test_a_non_positive_llama_arg_threads_is_exit_2_in_the_cli(no_process, fake_binary, gguf, monkeypatch,
+                                                               value) -> None:
+    monkeypatch.setenv("LLAMA_ARG_THREADS", value)
+    code, out, err = run_cli("run", "hi", "--local-model", str(gguf))
+    assert (code, out) == (2, "")
+    assert f"$LLAMA_ARG_THREADS is '{value}'; give at least 1 thread" in err
+    assert "starting local llama.cpp server" not in err

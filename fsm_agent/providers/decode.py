@@ -2,7 +2,8 @@
 
 Users reach for it when a provider stream looks wrong: it prints the final ``MessageResponse``
 as JSON, or (``--events``) each ``StreamEvent`` as one JSON line. On malformed input it prints
-what was decoded so far, then the error, and exits 1. Given a body of another protocol
+what was decoded so far (marked ``"incomplete": true``, ``"stop_reason": null``), then the error
+(for an event that is not JSON, the JSON decoder's message), and exits 1. Given a body of another protocol
 (an Anthropic stream under ``--protocol openai-chat``, say) it prints nothing on stdout, which
 is data, says on stderr which protocol the body looks like, and exits 1.
 
@@ -19,7 +20,7 @@ from typing import Any, TextIO
 
 import orjson
 
-from ..errors import ConfigurationError, ProviderError
+from ..errors import ConfigurationError, ProviderError, ProviderProtocolError
 from ..types.codec import unstructure
 from ..types.stream import MessageComplete
 from .base import HttpProvider, ProviderConfig, server_retry_after
@@ -183,12 +184,17 @@ def decode_body(protocol: str, raw: bytes, *, out: TextIO, err: TextIO, events: 
     decoder = SSEDecoder()
     parser = provider.stream_parser()
     seen = 0
+    frames = 0
+    current: Any = None
     try:
         for sse in decoder.feed(raw) + decoder.flush():
+            current = sse
+            frames += 1
             for ev in parser.feed(sse):
                 seen += 1
                 if events:
                     _dump(ev, out, False)
+        current = None
         for ev in parser.finish():
             seen += 1
             if events:
@@ -198,8 +204,33 @@ def decode_body(protocol: str, raw: bytes, *, out: TextIO, err: TextIO, events: 
     except ProviderError as exc:
         partial = getattr(parser, "partial", None)
         if not events and partial is not None and seen:
-            err.write("fsm-agent decode: decoded so far:\n")
-            _dump(partial.snapshot(), out, True)
-        err.write(f"fsm-agent decode: {type(exc).__name__} after {seen} event(s): {exc}\n")
+            err.write("fsm-agent decode: decoded so far (incomplete: the stream did not finish):\n")
+            _dump_partial(partial.snapshot(), out)
+        # an event that is not JSON at all, which a parser reported as some other fault ("not a JSON object")
+        bad = _not_json(current) if isinstance(exc, ProviderProtocolError) and "not JSON" not in str(exc) else None
+        what = f"stream frame {frames} is not valid JSON ({bad}): {current.data[:200]!r}" if bad else str(exc)
+        err.write(f"fsm-agent decode: {type(exc).__name__} after {seen} event(s): {what}\n")
         return 1
     return 0
+
+
+def _not_json(sse: Any) -> str | None:
+    """The JSON decoder's message for a stream event whose data is not JSON, else ``None``
+    (no event, an empty or ``[DONE]`` event, or data that parses)."""
+    data = getattr(sse, "data", "").strip()
+    if not data or data == "[DONE]" or getattr(sse, "event", "") == "error":
+        return None
+    try:
+        orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        return str(exc)
+    return None
+
+
+def _dump_partial(response: object, out: TextIO) -> None:
+    """What a cut stream decoded before its fault: the response so far, marked ``"incomplete": true``
+    with ``"stop_reason": null`` (the stream never said why it stopped)."""
+    doc = unstructure(response)
+    if isinstance(doc, dict):
+        doc = {"incomplete": True, **doc, "stop_reason": None}
+    out.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode() + "\n")
