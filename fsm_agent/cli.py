@@ -279,7 +279,6 @@ class _AgentFactory:
                      observers=observers, config=config, store=store)
 
 
-_BASE_URL_QUESTION = "; is the base URL right and the server up?"  # the provider's words; resume keeps the URL
 
 
 def _report(result: Any, args: argparse.Namespace, printer: _Printer | None, out: TextIO, err: TextIO,
@@ -314,8 +313,6 @@ def _stop_lines(reason: StopReason, detail: str, error: dict[str, Any] | None,
         said = f"error ({error.get('kind', 'error')}): {error['message']}"
     else:
         said = ""
-    if reason is StopReason.FAILED_RETRYABLE:  # the hint says what a resume can change; the base URL it cannot
-        detail, said = detail.replace(_BASE_URL_QUESTION, ""), said.replace(_BASE_URL_QUESTION, "")
     err.write(f"stop: {reason.value} — {detail}\n")
     if usage:
         err.write(usage + "\n")

@@ -444,7 +444,7 @@ def map_transport_errors(provider: str | None, what: str) -> Iterator[None]:
         raise ProviderConnectionError(f"{what}: the server closed the connection ({exc})", provider=provider) from exc
     except aiohttp.ClientConnectorError as exc:
         raise ProviderConnectionError(
-            f"{what}: cannot connect to {exc.host}:{exc.port} ({exc.os_error}); is the base URL right and the server up?",
+            f"{what}: cannot connect to {exc.host}:{exc.port} ({exc.os_error}): nothing answers at this base URL",
             provider=provider,
         ) from exc
     except (aiohttp.ClientError, ConnectionError, OSError) as exc:
