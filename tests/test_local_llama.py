@@ -41,26 +41,26 @@ async def test_main_job_on_the_embedded_default() -> None:
     assert "Traceback" not in err
 
 
-async def test_calculator_run_passes_mid_turn_with_the_models_arguments() -> None:
-    code, out, err = await cli("Use the calculator to compute 17 * 23.", "--tool", "calculator", "--json",
-                               "--max-iterations", "4")
-    result = json.loads(out)
-    assert result["stop"]["reason"] in {r.value for r in StopReason}
-    assert result["stop"]["detail"]
-    assert code == {"COMPLETED": 0, "PAUSED_BUDGET": 4}.get(result["stop"]["reason"], code)
-    msgs = result["messages"]
-    calls = [b for m in msgs if m["role"] == "assistant" for b in m["content"] if b["type"] == "tool_use"]
-    results = [m for m in msgs if m["role"] == "tool"]
-    assert calls, "the constrained mode produced no tool call"
-    assert calls[0]["name"] == "calculator"
-    first_result = next(r for r in results if r["tool_call_id"] == calls[0]["id"])
+async def test_calculator_run_passes_mid_turn_with_the_models_arguments(local_provider) -> None:
+    """The model's own arguments reach the tool. SmolLM2-135M often answers instead of calling a
+    tool, so the first call requires one (``tool_choice="required"`` leaves the constrained mode no
+    final-answer branch): what is checked is the runtime, not the model's judgement."""
+    result = await Agent(local_provider, tools=[calculator],
+                         config=RunConfig(tool_choice="required", max_iterations=2, max_output_tokens=200)).run(
+        "Use the calculator to compute 17 * 23.")
+    assert result.stop.reason in (StopReason.PAUSED_BUDGET, StopReason.COMPLETED), result.stop.detail
+    assert result.stop.detail
+    calls = [b for m in result.messages if m.role == "assistant" for b in m.tool_calls]
+    results = [m for m in result.messages if isinstance(m, ToolResultMessage)]
+    assert calls, "the constrained mode with a required tool produced no tool call"
+    assert calls[0].name == "calculator"
+    first_result = next(r for r in results if r.tool_call_id == calls[0].id)
     # the tool ran with exactly the arguments the model produced
     try:
-        want = calculator(**calls[0]["input"])
-        assert first_result["content"][0]["text"] == want and not first_result["is_error"]
+        want = calculator(**calls[0].input)
+        assert first_result.text == want and not first_result.is_error
     except (ValueError, TypeError) as exc:
-        assert first_result["is_error"] and type(exc).__name__ in first_result["content"][0]["text"]
-    assert "Traceback" not in err
+        assert first_result.is_error and type(exc).__name__ in first_result.text
 
 
 
