@@ -46,7 +46,8 @@ async def test_calculator_run_passes_mid_turn_with_the_models_arguments(local_pr
     tool, so the first call requires one (``tool_choice="required"`` leaves the constrained mode no
     final-answer branch): what is checked is the runtime, not the model's judgement."""
     result = await Agent(local_provider, tools=[calculator],
-                         config=RunConfig(tool_choice="required", max_iterations=2, max_output_tokens=200)).run(
+                         config=RunConfig(tool_choice="required", temperature=0.0, max_iterations=2,
+                                          max_output_tokens=200)).run(
         "Use the calculator to compute 17 * 23.")
     assert result.stop.reason in (StopReason.PAUSED_BUDGET, StopReason.COMPLETED), result.stop.detail
     assert result.stop.detail
