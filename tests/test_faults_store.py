@@ -4,11 +4,11 @@ than 2/3 of the TTL; peek_controls fails transiently; and one real full disk (a 
 
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
 
 import pytest
+
+from mounts import mount_or_skip
 
 from fault_scenarios import STORE_WRITE_STATUSES, full_disk, lease_fault, peek_fault, store_write_fault
 from fsm_agent.store import SQLiteStore
@@ -42,14 +42,7 @@ async def test_transient_peek_failures_do_not_kill_the_watcher(tmp_path) -> None
     assert fig["rejected"] == 0 and fig["unanswered"] == 0 and fig["recovered"], fig
 
 
-def _mount(*args: str) -> None:
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    if shutil.which("mount") is None:
-        pytest.skip("mount(8) is not installed")
-    done = subprocess.run(["mount", *args], capture_output=True, text=True)
-    if done.returncode != 0:
-        pytest.skip(f"mount {' '.join(args)} is not permitted here: {done.stderr.strip()}")
+_mount = mount_or_skip
 
 
 async def test_real_full_disk_fails_retryable_with_the_path_and_resumes_after_space_is_freed(tmp_path) -> None:

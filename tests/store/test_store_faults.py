@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import sqlite3
-import subprocess
 import time
-from pathlib import Path
 
 import pytest
+
+from mounts import mount_or_skip, umount
 
 from fsm_agent.errors import LeaseLost, SessionExistsError, StoreError
 from fsm_agent.store import (
@@ -54,19 +53,10 @@ async def _assert_intact(store, sid: str = "early") -> None:
     assert set(await store.ledger(sid)) == {"c1"}
 
 
-def _mount(*args: str) -> None:
-    """Run mount(8); skip (naming what is missing) when this machine does not allow it."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root, and these tests do not run as root")
-    if shutil.which("mount") is None:
-        pytest.skip("mount(8) is not installed")
-    done = subprocess.run(["mount", *args], capture_output=True, text=True)
-    if done.returncode != 0:
-        pytest.skip(f"mount {' '.join(args)} is not permitted here: {done.stderr.strip()}")
+_mount = mount_or_skip
 
 
-def _umount(path: Path) -> None:
-    subprocess.run(["umount", "-l", str(path)], capture_output=True)
+_umount = umount
 
 
 # -- SQLite: real conditions ---------------------------------------------------------------------
