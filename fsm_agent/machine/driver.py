@@ -150,6 +150,9 @@ class Driver:
         """The current turn's record, filled as the turn goes (written as a ``turn`` event at its end)."""
         self._sent_forms: dict[int, tuple[Message, Any]] = {}
         """The last request's messages and their unstructured forms, by ``id`` (for the context hash)."""
+        self._tool_forms: tuple[tuple[int, ...], Any, Any] | None = None
+        """The offered tool definitions' ids, their unstructured form, and the definitions (kept alive
+        so the ids stay theirs)."""
         self._warned_tools = False
         self._verdict: str | None = None
         """PostTurn's verdict, for the record of the turn that ends the run."""
@@ -254,8 +257,13 @@ class Driver:
             kept[id(m)] = hit
             forms.append(hit[1])
         self._sent_forms = kept
-        data: dict[str, Any] = unstructure(evolve(request, messages=()))
+        data: dict[str, Any] = unstructure(evolve(request, messages=(), tools=()))
         data["messages"] = forms
+        if request.tools:  # the same definitions every turn: converted once
+            key = tuple(map(id, request.tools))
+            if self._tool_forms is None or self._tool_forms[0] != key:
+                self._tool_forms = (key, unstructure(request.tools), request.tools)
+            data["tools"] = self._tool_forms[1]
         return data
 
     def _end_turn(self, *, stop_reason: str | None = None, verification: str | None = None) -> None:
