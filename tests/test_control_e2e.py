@@ -116,7 +116,7 @@ async def test_llama_interrupt_mid_stream_then_resume(local_provider, tmp_path) 
 async def test_llama_steer(local_provider) -> None:
     ref: list[Agent] = []
     agent = Agent(local_provider, tools=[reserve], config=RunConfig(tool_choice="required", max_iterations=2,
-                                                            max_output_tokens=60),
+                                                            temperature=0.0, max_output_tokens=200),
                   middleware=[SteerAtFirstTool(ref, "reserve a bicycle instead")])
     ref.append(agent)
     rec = Recorder()
@@ -149,7 +149,7 @@ async def test_llama_cancel_runs_compensation(local_provider) -> None:
     COMPENSATED.clear()
     ref: list[Agent] = []
     agent = Agent(local_provider, tools=[reserve], middleware=[CancelAfterTool(ref)],
-                  config=RunConfig(tool_choice="required", max_output_tokens=60))
+                  config=RunConfig(tool_choice="required", temperature=0.0, max_output_tokens=200))
     ref.append(agent)
     result = await agent.run("Reserve a table for two.", session_id="lc")
     assert result.stop.reason is StopReason.CANCELLED
