@@ -63,6 +63,15 @@ def _approval() -> Middleware:
 
 
 # -- 1. SIGKILL at every ledger step ----------------------------------------------------------------
+
+async def _finish_on(agent: Any, sid: str, counter: Path) -> tuple[Any, Any]:
+    """Another worker (``agent``) finishes session ``sid``; its provider is closed after."""
+    try:
+        return await finish(agent, sid, counter)
+    finally:
+        await agent.provider.aclose()
+
+
 async def kill_cell(make_store: Callable[[], Any], store_url: str, workdir: Path, effect: str, approval: str,
                     point: str, sid: str) -> dict[str, Any]:
     """Kill a worker process at ``point`` of ``call_1``'s life, then resume in this process."""
@@ -367,11 +376,8 @@ async def store_write_fault(make_inner: Callable[[], Any], workdir: Path, status
         typed = (failed.stop.reason is StopReason.FAILED_RETRYABLE and err.get("kind") == "store"
                  and bool(err.get("location")) and err.get("location") in failed.stop.detail + err.get("message", ""))
         store.clear()
-        agent2 = agent_for(base, store, [act_tool("side_effect", counter)], middleware=mw)
-        try:
-            final, decisions = await finish(agent2, sid, counter)
-        finally:
-            await agent2.provider.aclose()
+        final, decisions = await _finish_on(agent_for(base, store, [act_tool("side_effect", counter)], middleware=mw),
+                                            sid, counter)
         stops.append(final.stop.reason.value)
         transcript = await stored_transcript(store, sid)
     finally:
@@ -411,11 +417,8 @@ async def lease_fault(make_inner: Callable[[], Any], workdir: Path, sid: str, tt
         kind = (first.stop.error or {}).get("kind")
         store.clear()
         await asyncio.sleep(max(0.0, ttl - stopped_after) + 0.1)  # the lease runs out
-        other = agent_for(base, inner, [act_tool("side_effect", counter)], worker_id="w2")
-        try:
-            final, decisions = await finish(other, sid, counter)
-        finally:
-            await other.provider.aclose()
+        final, decisions = await _finish_on(agent_for(base, inner, [act_tool("side_effect", counter)], worker_id="w2"),
+                                            sid, counter)
         stops.append(final.stop.reason.value)
         transcript = await stored_transcript(inner, sid)
     finally:
@@ -537,11 +540,8 @@ async def sigterm_embedded(workdir: Path, phase: str, sid: str) -> dict[str, Any
         got = orjson.loads(out.splitlines()[-1]) if out.strip() else {"reason": None, "detail": err.decode()[-1500:]}
         stops.append(str(got["reason"]))
         store = SQLiteStore(db)
-        agent = agent_for(base, store, [act_tool("side_effect", counter)])
-        try:
-            final, decisions = await finish(agent, sid, counter)  # at once: no wait for a lease
-        finally:
-            await agent.provider.aclose()
+        final, decisions = await _finish_on(agent_for(base, store, [act_tool("side_effect", counter)]),
+                                            sid, counter)  # at once: no wait for a lease
         stops.append(final.stop.reason.value)
         transcript = await stored_transcript(store, sid)
         await store.close()
