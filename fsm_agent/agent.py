@@ -33,7 +33,7 @@ from attrs import evolve
 
 from .chain import MiddlewareChain
 from .control import Cancel, Decision, Followup, Interrupt, LoopControl, Steer
-from .errors import ChainError, ResumeError
+from .errors import ChainError, ResumeError, SessionExistsError
 from .hooks import HookBus
 from .machine.config import RunConfig
 from .machine.context import RunContext
@@ -45,7 +45,7 @@ from .machine.state import RunState
 from .middleware import Middleware
 from .pricing import cost_usd
 from .providers.base import Provider
-from .store.base import ControlKind, ControlRecord, LedgerEntry, LedgerStatus, SessionRecord, Store
+from .store.base import QUEUED, ControlKind, ControlRecord, LedgerEntry, LedgerStatus, SessionRecord, Store
 from .store.memory import MemoryStore
 from .store.sessions import LoadedSession, load_session, send_control
 from .tools.registry import Tool, ToolRegistry
@@ -212,7 +212,8 @@ class Agent:
         Cancelling the task records INTERRUPTED and re-raises ``CancelledError``.
 
         Raises:
-            SessionExistsError: ``session_id`` names a session that exists (resume it instead).
+            SessionExistsError: ``session_id`` names a session that exists (resume it instead), unless
+                it is a session a server created ``QUEUED`` that never ran: that one is adopted.
             ConfigurationError: a bad limit.
             StoreError: the store could not create the session.
         """
@@ -222,8 +223,16 @@ class Agent:
         messages = self._initial_messages(task)
         ctx = self.new_context(list(messages), session_id=session_id, config=cfg)
         goal = next((m.text for m in messages if isinstance(m, UserMessage)), "")
-        await self.store.create_session(SessionRecord(ctx.session_id, Phase.IDLE.value, goal=goal[:2000],
-                                                      metadata=dict(metadata or {})))
+        try:
+            await self.store.create_session(SessionRecord(ctx.session_id, Phase.IDLE.value, goal=goal[:2000],
+                                                          metadata=dict(metadata or {})))
+        except SessionExistsError:
+            queued = await self.store.get_session(ctx.session_id)
+            if queued is None or queued.state != QUEUED or queued.last_seq:
+                raise
+            # created QUEUED by a server (fsm_agent.server): this run is its first
+            if metadata:
+                await self.store.update_metadata(ctx.session_id, dict(metadata))
         if not await self.store.acquire_lease(ctx.session_id, self.worker_id, self.lease_ttl):
             raise ResumeError(f"session {ctx.session_id} is leased by another worker")
         journal = Journal(self.store, ctx.session_id, 1, self.worker_id)

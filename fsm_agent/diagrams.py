@@ -72,6 +72,7 @@ def render_machine(
     chains: Mapping[str, Sequence[str]] | None = None,
     trace: Iterable[tuple[str, str, str]] | None = None,
     title: str | None = None,
+    active: str | None = None,
 ) -> str:
     """The Mermaid ``stateDiagram-v2`` source.
 
@@ -80,6 +81,8 @@ def render_machine(
         trace: ``(from, trigger, to)`` moves of one run, in order; taken edges are labelled with
             their order and visited states highlighted.
         title: a comment line at the top.
+        active: the current state (a Phase or StopReason value), highlighted with the class
+            ``s_active`` (the class ``transitions``' own Mermaid output uses).
     """
     lines = ["---", f"title: {title or 'fsm_agent loop'}", "---", "stateDiagram-v2", "    direction TB"]
     taken: dict[tuple[str, str, str], list[int]] = {}
@@ -117,6 +120,11 @@ def render_machine(
     if visited:
         lines.append("    classDef visited stroke-width:4px,stroke:#1d4ed8")
         lines.append(f"    class {','.join(sorted(visited))} visited")
+    if active is not None:
+        known = {p.value for p in Phase} | {r.value for r in StopReason}
+        if active in known:
+            lines.append("    classDef s_active fill:#fde68a,stroke:#b45309,stroke-width:4px")
+            lines.append(f"    class {active} s_active")
     return "\n".join(lines) + "\n"
 
 

@@ -321,11 +321,17 @@ class Driver:
                 await self._find_input_seq()
                 if first is not None:
                     await self._fire(first, reason)
-                if ctx.machine.state is Phase.MID_TURN:
+                resumed_tools = ctx.machine.state is Phase.MID_TURN
+                if resumed_tools:
                     self._resume_turn()
                 hooks_stop = await self._outcome_of(self.chain.run_start(ctx))
                 if hooks_stop is not None:
                     await self._apply(hooks_stop)
+                elif resumed_tools and self.journal is not None and await self.journal.store.peek_controls(
+                        ctx.session_id, [ControlKind.CANCEL]):
+                    # a Cancel queued while the run was stopped (e.g. WAITING_HUMAN with calls pending):
+                    # it applies before any pending call is decided again or run
+                    await self._apply(await self._mid_phase_control())
                 while not ctx.machine.is_terminal:
                     if self._lease_failed is not None:  # the watcher gave up the session between phases
                         raise LeaseLost(self._lease_failed)

@@ -1,217 +1,513 @@
-"""The HTTP app (issue 10, foundation): sessions, background runs, snapshots and the SSE join.
+"""The HTTP app: sessions, runs, the SSE event stream, control, approvals, the diagram, the review page.
 
-Routes (JSON; errors are RFC 9457 problem documents, ``application/problem+json``):
+Routes (``docs/server.md`` describes each; ``GET /openapi.json`` serves the OpenAPI document).
+JSON in and out; every error is an RFC 9457 problem document (``application/problem+json``):
 
-* ``POST /sessions`` ``{"task": str, "session_id"?: str}``: create a session and start its first
-  run in the background; 201 + ``Location``.
-* ``POST /sessions/{sid}/runs`` ``{"task"?: str}``: start a run in the background (a new session
-  with ``task`` when ``sid`` is unknown, else a resume); 202 + ``Location: /sessions/{sid}``.
-* ``GET /sessions/{sid}``: the snapshot (state, stop, pending approvals, last seq).
-* ``GET /sessions?state=…&limit=…``: sessions, most recently updated first.
-* ``GET /sessions/{sid}/events``: the SSE join. Replays every event after ``Last-Event-ID`` (or
-  ``?after=N``), then live events, with no gap and no duplicate; the stream closes after a
-  ``run_stopped`` event that is the last one in the log.
-* ``GET /healthz``.
+* ``POST /sessions`` ``{"task", "session_id"?}``: create a session (state ``QUEUED``) and start its
+  first run; 201 + ``Location``.
+* ``POST /sessions/{sid}/runs`` ``{"task"?, "limits"?, "confirm_cancel"?}``: start a run in the
+  background (a new session with ``task`` when ``sid`` is unknown, else a resume); 202 + ``Location``.
+* ``POST /sessions/{sid}/runs/stream``: the same, answered with the event stream from that point
+  (``Location`` names the join URL).
+* ``GET /sessions/{sid}/events``: the SSE join. ``id:`` is the log seq. Replays every event after
+  ``Last-Event-ID`` (or ``?after=N``), then live events, with no gap and no duplicate. Streaming
+  deltas (``event: delta``) are live only: no id, never stored. Closes after a ``run_stopped``
+  that is the last event of the log while no run of the session is queued or running.
+* ``GET /sessions/{sid}``: the snapshot; ``GET /sessions?state=…&limit=…``: the tenant's sessions.
+* ``POST /sessions/{sid}/control`` ``{"kind": "interrupt"|"cancel"|"steer"|"followup", "text"?}``.
+* ``POST /sessions/{sid}/approvals/{call_id}`` ``{"decision": "approve"|"edit"|"reject"|"respond",
+  "arguments"?, "message"?, "is_error"?}``: idempotent (a repeat returns the first outcome; a
+  different decision for the same call is 409).
+* ``GET /sessions/{sid}/diagram``: the Mermaid source, current state and path (``?format=json``).
+* ``GET /review/{sid}`` and ``/static/…``: the review page (:mod:`fsm_agent.server.review`).
+* ``POST /auth/login`` / ``/auth/logout``, ``GET /healthz``, ``GET /openapi.json``.
 
-Live tailing: the app wraps the store in a :class:`NotifyingStore`, which wakes a per-session
-:class:`Notifier` after each committed :meth:`~fsm_agent.store.base.Store.write`. A stream
-clears its wake-up flag, then reads the log after the last seq it sent, so a commit made between
-the two is never missed and nothing is sent twice. The run only sets flags: it never waits on a client.
+Who drives runs is a :class:`~fsm_agent.server.runs.Runner`: by default a
+:class:`~fsm_agent.server.runs.LocalRunner` in this process; with PostgreSQL, a
+:class:`~fsm_agent.server.queue.QueueRunner` that hands runs to ``fsm-agent worker`` processes.
+A run never waits on a client: the store only sets wake-up flags (:mod:`fsm_agent.server.notify`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
-import orjson
+import attrs
 from aiohttp import web
 
 from ..agent import Agent
-from ..errors import ResumeError, SessionExistsError
-from ..store.base import (Checkpoint, ControlKind, ControlRecord, EventRecord, LedgerEntry, SessionRecord, Store,
-                          WriteBatch)
+from ..control import Decision
+from ..diagrams import render_machine
+from ..errors import ConfigurationError, ResumeError, SessionExistsError, ToolArgumentsError
+from ..hooks import HookBus
+from ..store.base import QUEUED, ControlKind, SessionRecord, Store
+from ..store.sessions import send_control
+from ..types.codec import unstructure
+from ..types.run import StopReason
+from .auth import (AUTH_COOKIE, CSRF_COOKIE, DEFAULT_TENANT, PUBLIC, Forbidden, Tenants, Unauthorized,
+                   authenticate, set_cookies)
+from .http import Problem, check_fields, json_body, json_response, opt_bool, opt_str, problems
+from .notify import LiveDeltas, Notifier, NotifyingStore
+from .openapi import openapi_document
+from .runs import DECISION_KEY, LocalRunner, RunRequest, Runner
 from .sse import ClientGone, SSEWriter, event_frame
 
-__all__ = ["AGENT_KEY", "RUNS_KEY", "STORE_KEY", "Notifier", "NotifyingStore", "create_app"]
+__all__ = ["AGENT_KEY", "RUNNER_KEY", "STORE_KEY", "Notifier", "NotifyingStore", "create_app"]
 
 TERMINAL_EVENT = "run_stopped"
+CONTROL_KEY = "control:"
+"""Prefix of the idempotency key of a control sent with an ``Idempotency-Key`` header."""
 
-
-
-class Notifier:
-    """Per-session wake-up flags, set after each commit (in process)."""
-
-    def __init__(self) -> None:
-        self._subs: dict[str, set[asyncio.Event]] = {}
-
-    def subscribe(self, session_id: str) -> asyncio.Event:
-        """A flag set on every later commit of ``session_id``; :meth:`unsubscribe` it when done."""
-        ev = asyncio.Event()
-        self._subs.setdefault(session_id, set()).add(ev)
-        return ev
-
-    def unsubscribe(self, session_id: str, ev: asyncio.Event) -> None:
-        """Stop waking ``ev``."""
-        subs = self._subs.get(session_id)
-        if subs is not None:
-            subs.discard(ev)
-            if not subs:
-                del self._subs[session_id]
-
-    def notify(self, session_id: str) -> None:
-        """Wake every subscriber of ``session_id`` (never blocks)."""
-        for ev in self._subs.get(session_id, ()):
-            ev.set()
-
-    def subscribers(self, session_id: str) -> int:
-        """How many streams watch ``session_id``."""
-        return len(self._subs.get(session_id, ()))
-
-
-class NotifyingStore(Store):
-    """A :class:`Store` that calls :meth:`Notifier.notify` after each successful write or session
-    creation, and passes everything else to ``inner``."""
-
-    def __init__(self, inner: Store, notifier: Notifier | None = None) -> None:
-        self.inner = inner
-        self.notifier = notifier or Notifier()
-
-    async def create_session(self, record: SessionRecord) -> None:
-        await self.inner.create_session(record)
-        self.notifier.notify(record.session_id)
-
-    async def get_session(self, session_id: str) -> SessionRecord | None:
-        return await self.inner.get_session(session_id)
-
-    async def list_sessions(self, limit: int = 50) -> list[SessionRecord]:
-        return await self.inner.list_sessions(limit)
-
-    async def update_metadata(self, session_id: str, metadata: dict[str, Any], goal_version: int | None = None) -> None:
-        await self.inner.update_metadata(session_id, metadata, goal_version)
-
-    async def write(self, batch: WriteBatch) -> None:
-        await self.inner.write(batch)
-        self.notifier.notify(batch.session_id)
-
-    async def read_events(self, session_id: str, after_seq: int = 0, until_seq: int | None = None,
-                          types: Sequence[str] | None = None) -> list[EventRecord]:
-        return await self.inner.read_events(session_id, after_seq, until_seq, types)
-
-    async def latest_checkpoint(self, session_id: str) -> Checkpoint | None:
-        return await self.inner.latest_checkpoint(session_id)
-
-    async def get_checkpoint(self, checkpoint_id: str) -> Checkpoint | None:
-        return await self.inner.get_checkpoint(checkpoint_id)
-
-    async def ledger(self, session_id: str) -> dict[str, LedgerEntry]:
-        return await self.inner.ledger(session_id)
-
-    async def acquire_lease(self, session_id: str, owner: str, ttl: float) -> bool:
-        return await self.inner.acquire_lease(session_id, owner, ttl)
-
-    async def release_lease(self, session_id: str, owner: str) -> None:
-        await self.inner.release_lease(session_id, owner)
-
-    async def push_control(self, record: ControlRecord) -> None:
-        await self.inner.push_control(record)
-
-    async def take_controls(self, session_id: str, kinds: Sequence[ControlKind]) -> list[ControlRecord]:
-        return await self.inner.take_controls(session_id, kinds)
-
-    async def peek_controls(self, session_id: str, kinds: Sequence[ControlKind]) -> bool:
-        return await self.inner.peek_controls(session_id, kinds)
-
-    async def close(self) -> None:
-        await self.inner.close()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-    def __repr__(self) -> str:
-        return f"NotifyingStore({self.inner!r})"
-
-
-# App keys: the agent, its notifying store, the background run tasks.
 AGENT_KEY = web.AppKey("fsm_agent", Agent)
 STORE_KEY = web.AppKey("fsm_store", NotifyingStore)
-RUNS_KEY = web.AppKey("fsm_runs", set)
+RUNNER_KEY = web.AppKey("fsm_runner", Runner)
+TENANTS_KEY = web.AppKey("fsm_tenants", Tenants)
+TENANT = web.RequestKey("fsm_tenant", str)
+"""The request's tenant (set by the auth middleware; ``""`` on public routes)."""
 
-
-class _Problem(Exception):
-    def __init__(self, status: int, title: str, detail: str = "") -> None:
-        super().__init__(detail or title)
-        self.status, self.title, self.detail = status, title, detail
-
-
-def _problem(status: int, title: str, detail: str, instance: str) -> web.Response:
-    body = {"type": "about:blank", "title": title, "status": status, "detail": detail, "instance": instance}
-    return web.Response(status=status, body=orjson.dumps(body), content_type="application/problem+json")
-
-
-@web.middleware
-async def _problems(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-                    ) -> web.StreamResponse:
-    try:
-        return await handler(request)
-    except _Problem as p:
-        return _problem(p.status, p.title, p.detail, request.path)
-    except web.HTTPException as e:
-        if e.status < 400:
-            raise
-        return _problem(e.status, e.reason, e.text if e.text and not e.text.startswith(str(e.status)) else e.reason,
-                        request.path)
-
-
-def _json(data: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
-    return web.Response(status=status, body=orjson.dumps(data), content_type="application/json", headers=headers)
-
-
-async def _body(request: web.Request) -> dict[str, Any]:
-    raw = await request.read()  # over client_max_size: HTTPRequestEntityTooLarge -> 413
-    if not raw:
-        return {}
-    try:
-        data = orjson.loads(raw)
-    except orjson.JSONDecodeError as e:
-        raise _Problem(400, "Malformed JSON", str(e)) from e
-    if not isinstance(data, dict):
-        raise _Problem(400, "Bad request body", "the body must be a JSON object")
-    return data
-
-
-def _opt_str(data: dict[str, Any], key: str, *, required: bool = False) -> str | None:
-    v = data.get(key)
-    if v is None:
-        if required:
-            raise _Problem(400, "Missing field", f"{key!r} is required")
-        return None
-    if not isinstance(v, str) or not v:
-        raise _Problem(400, "Wrong field", f"{key!r} must be a non-empty string")
-    return v
+_CONTROL_KINDS = {"interrupt": ControlKind.INTERRUPT, "cancel": ControlKind.CANCEL, "steer": ControlKind.STEER,
+                  "followup": ControlKind.FOLLOWUP}
+_DECISION_KINDS = ("approve", "edit", "reject", "respond")
+_RESUMABLE = {r.value for r in StopReason if r.resumable}
 
 
 def _check_sid(sid: str) -> str:
-    if len(sid) > 200 or any(c in sid for c in "\r\n\0/"):
-        raise _Problem(400, "Wrong field", "session_id must be at most 200 characters, without CR, LF, NUL or '/'")
+    if not sid or len(sid) > 200 or any(c in sid for c in "\r\n\0/"):
+        raise Problem(400, "Wrong field", "a session id is 1 to 200 characters, without CR, LF, NUL or '/'")
     return sid
 
 
-def create_app(agent: Agent | Callable[[Store], Agent], store: Store | None = None, *, max_body: int = 256 * 1024,
-               heartbeat: float = 15.0, send_timeout: float = 10.0, retry_ms: int = 3000) -> web.Application:
-    """The server app.
+def _tenant_of(rec: SessionRecord) -> str:
+    t = rec.metadata.get("tenant") if isinstance(rec.metadata, dict) else None
+    return t if isinstance(t, str) and t else DEFAULT_TENANT
+
+
+class _Server:
+    """The routes over one agent, store, runner and set of tenants."""
+
+    def __init__(self, agent: Agent, store: NotifyingStore, runner: Runner, tenants: Tenants,
+                 cors_origins: frozenset[str], heartbeat: float, send_timeout: float, retry_ms: int) -> None:
+        self.agent, self.store, self.runner, self.tenants = agent, store, runner, tenants
+        self.cors_origins = cors_origins
+        self.heartbeat, self.send_timeout, self.retry_ms = heartbeat, send_timeout, retry_ms
+
+    # -- auth, CORS ------------------------------------------------------------------------
+    @web.middleware
+    async def auth(self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+                   ) -> web.StreamResponse:
+        path = request.path
+        if request.method == "OPTIONS" and self.cors_origins:
+            return self._preflight(request)
+        if path in PUBLIC or path.startswith(("/review/", "/static/")):
+            request[TENANT] = ""
+            return await handler(request)
+        try:
+            request[TENANT] = authenticate(request, self.tenants, self.cors_origins)
+        except Unauthorized as e:
+            raise Problem(401, "Unauthorized", str(e), {"WWW-Authenticate": 'Bearer realm="fsm-agent"'}) from e
+        except Forbidden as e:
+            raise Problem(403, "Forbidden", str(e)) from e
+        return await handler(request)
+
+    def _preflight(self, request: web.Request) -> web.Response:
+        origin = request.headers.get("Origin", "")
+        if origin not in self.cors_origins:
+            raise Problem(403, "Forbidden", f"CORS is not allowed for origin {origin or '(none)'}")
+        return web.Response(status=204, headers={
+            "Access-Control-Allow-Origin": origin, "Vary": "Origin",
+            "Access-Control-Allow-Methods": "GET, POST, OPTIONS",
+            "Access-Control-Allow-Headers": "Authorization, Content-Type, Last-Event-ID, Idempotency-Key",
+            "Access-Control-Max-Age": "600"})
+
+    async def on_prepare(self, request: web.Request, response: web.StreamResponse) -> None:
+        origin = request.headers.get("Origin")
+        if origin is not None and origin in self.cors_origins:
+            response.headers["Access-Control-Allow-Origin"] = origin
+            response.headers["Vary"] = "Origin"
+            response.headers["Access-Control-Expose-Headers"] = "Location, Idempotent-Replayed"
+        # the page's CSRF cookie, bound to its sign-in cookie (double submit; see fsm_agent.server.auth)
+        expected = self.tenants.csrf_for(request.cookies.get(AUTH_COOKIE, ""))
+        if request.cookies.get(CSRF_COOKIE) != expected and CSRF_COOKIE not in response.cookies:
+            set_cookies(response, self.tenants, None, secure=request.secure)
+
+    async def login(self, request: web.Request) -> web.Response:
+        data = await json_body(request)
+        check_fields(data, {"token"})
+        if not self.tenants.enabled:
+            resp = json_response({"tenant": DEFAULT_TENANT, "note": "this server has no tokens: nothing to sign in to"})
+            set_cookies(resp, self.tenants, "", secure=request.secure)
+            return resp
+        token = opt_str(data, "token", required=True, max_len=1000)
+        assert token is not None
+        tenant = self.tenants.tenant_for(token)
+        if tenant is None:
+            raise Problem(401, "Unauthorized", "this token is not valid",
+                          {"WWW-Authenticate": 'Bearer realm="fsm-agent"'})
+        resp = json_response({"tenant": tenant})
+        set_cookies(resp, self.tenants, self.tenants.cookie_for(tenant), secure=request.secure)
+        return resp
+
+    async def logout(self, request: web.Request) -> web.Response:
+        resp = json_response({"signed_out": True})
+        resp.del_cookie(AUTH_COOKIE, path="/")
+        return resp
+
+    # -- sessions --------------------------------------------------------------------------
+    async def session_of(self, request: web.Request, sid: str | None = None) -> SessionRecord:
+        """The session of the path, for the request's tenant (another tenant's session is 404)."""
+        sid = _check_sid(sid if sid is not None else request.match_info["sid"])
+        rec = await self.store.get_session(sid)
+        if rec is None or _tenant_of(rec) != request[TENANT]:
+            raise Problem(404, "Unknown session", f"no session {sid!r}")
+        return rec
+
+    async def create(self, request: web.Request, sid: str | None, task: str) -> SessionRecord:
+        sid = _check_sid(sid) if sid is not None else uuid.uuid4().hex
+        rec = SessionRecord(sid, QUEUED, goal=task[:2000], metadata={"tenant": request[TENANT]})
+        try:
+            await self.store.create_session(rec)
+        except SessionExistsError as e:
+            # another tenant's session of that id is none of this tenant's business: same answer as its own
+            raise Problem(409, "Session exists", f"session {sid!r} exists: start a run without a task to resume it") from e
+        await self.runner.submit(RunRequest(sid, "start", task=task))
+        return rec
+
+    async def create_session(self, request: web.Request) -> web.Response:
+        data = await json_body(request)
+        check_fields(data, {"task", "session_id"})
+        task = opt_str(data, "task", required=True)
+        assert task is not None
+        rec = await self.create(request, opt_str(data, "session_id", max_len=200), task)
+        return json_response(await self.snapshot(rec), 201, {"Location": f"/sessions/{rec.session_id}"})
+
+    async def _start_run(self, request: web.Request) -> tuple[str, int]:
+        """Start or resume; returns the session id and the seq the new run's events follow."""
+        sid = _check_sid(request.match_info["sid"])
+        data = await json_body(request)
+        check_fields(data, {"task", "limits", "confirm_cancel"})
+        task = opt_str(data, "task")
+        limits = data.get("limits") or {}
+        if not isinstance(limits, dict):
+            raise Problem(400, "Wrong field", "'limits' must be an object of RunConfig fields")
+        confirm = opt_bool(data, "confirm_cancel")
+        rec = await self.store.get_session(sid)
+        if rec is None or _tenant_of(rec) != request[TENANT]:
+            if task is None:
+                raise Problem(404, "Unknown session", f"no session {sid!r}; give a task to create it")
+            if rec is not None:
+                raise Problem(409, "Session exists", f"session {sid!r} exists")
+            await self.create(request, sid, task)
+            return sid, 0
+        if task is not None:
+            raise Problem(409, "Session exists", f"session {sid!r} exists: start a run without a task to resume it")
+        if rec.state == QUEUED:
+            raise Problem(409, "Cannot resume", f"session {sid} is queued: its first run has not started")
+        if await self.runner.busy(sid):
+            raise Problem(409, "Cannot resume", f"session {sid} has a run queued or in progress; "
+                                                "interrupt it or wait for it to stop")
+        try:
+            attrs.evolve(self.agent.config, **limits)
+        except (TypeError, ValueError, ConfigurationError) as e:
+            raise Problem(400, "Wrong field", f"'limits': {e}") from e
+        try:
+            await self.agent.check_resume(sid)
+        except ResumeError as e:
+            raise Problem(409, "Cannot resume", str(e)) from e
+        await self.runner.submit(RunRequest(sid, "resume", limits=dict(limits), confirm_cancel=confirm))
+        return sid, rec.last_seq
+
+    async def start_run(self, request: web.Request) -> web.Response:
+        sid, _ = await self._start_run(request)
+        rec = await self.store.get_session(sid)
+        assert rec is not None
+        return json_response(await self.snapshot(rec), 202, {"Location": f"/sessions/{sid}"})
+
+    async def start_run_stream(self, request: web.Request) -> web.StreamResponse:
+        sid, after = await self._start_run(request)
+        return await self.stream(request, sid, after, {"Location": f"/sessions/{sid}/events"})
+
+    async def snapshot(self, rec: SessionRecord, *, usage: bool = True) -> dict[str, Any]:
+        stop = rec.stop or None
+        out: dict[str, Any] = {
+            "session_id": rec.session_id, "tenant": _tenant_of(rec), "state": rec.state, "goal": rec.goal,
+            "stop": stop, "pending_approvals": list((stop or {}).get("pending_actions") or ()) if
+            rec.state == StopReason.WAITING_HUMAN.value else [],
+            "last_seq": rec.last_seq, "running": await self.runner.busy(rec.session_id),
+            "created_at": rec.created_at, "updated_at": rec.updated_at}
+        if usage:
+            inp = outp = 0
+            cost: float | None = 0.0
+            for ev in await self.store.read_events(rec.session_id, types=("model_call",)):
+                u = ev.payload.get("usage") or {}
+                inp += int(u.get("input_tokens") or 0)
+                outp += int(u.get("output_tokens") or 0)
+                c = ev.payload.get("cost_usd")
+                cost = None if c is None or cost is None else cost + float(c)
+            out["usage"] = {"input_tokens": inp, "output_tokens": outp}
+            out["cost_usd"] = cost
+        return out
+
+    async def get_session(self, request: web.Request) -> web.Response:
+        return json_response(await self.snapshot(await self.session_of(request)))
+
+    async def list_sessions(self, request: web.Request) -> web.Response:
+        q = request.query
+        unknown = sorted(set(q) - {"state", "limit"})
+        if unknown:
+            raise Problem(400, "Unknown field", f"unknown query parameter(s) {', '.join(unknown)}; allowed: limit, state")
+        try:
+            limit = int(q.get("limit", "50"))
+        except ValueError as e:
+            raise Problem(400, "Wrong field", "limit must be an integer") from e
+        if not 1 <= limit <= 1000:
+            raise Problem(400, "Wrong field", "limit must be between 1 and 1000")
+        state = q.get("state")
+        recs = [r for r in await self.store.list_sessions(10_000)
+                if _tenant_of(r) == request[TENANT] and (state is None or r.state == state)][:limit]
+        return json_response({"sessions": [await self.snapshot(r, usage=False) for r in recs]})
+
+    # -- the event stream ------------------------------------------------------------------
+    @staticmethod
+    def _after(request: web.Request) -> int:
+        raw = request.headers.get("Last-Event-ID")
+        if raw is None or raw.strip() == "":
+            raw = request.query.get("after", "0")
+        try:
+            after = int(raw)
+        except ValueError as e:
+            raise Problem(400, "Wrong field", f"Last-Event-ID / after must be an event seq, not {raw[:40]!r}") from e
+        if after < 0:
+            raise Problem(400, "Wrong field", "Last-Event-ID / after must be >= 0")
+        return after
+
+    async def join(self, request: web.Request) -> web.StreamResponse:
+        after = self._after(request)
+        rec = await self.session_of(request)
+        return await self.stream(request, rec.session_id, after)
+
+    async def stream(self, request: web.Request, sid: str, after: int,
+                     headers: dict[str, str] | None = None) -> web.StreamResponse:
+        """Replay the log after ``after``, then tail it live (see the module docstring)."""
+        store, notifier = self.store, self.store.notifier
+        sub = notifier.subscribe(sid)  # subscribe first, then read the log: no gap
+        writer = SSEWriter(request, retry_ms=self.retry_ms, send_timeout=self.send_timeout,
+                           heartbeat=self.heartbeat, headers=headers)
+        try:
+            await writer.prepare()
+            last = after
+            last_type = None
+            if after > 0:
+                prev = await store.read_events(sid, after_seq=after - 1, until_seq=after)
+                last_type = prev[-1].type if prev else None
+            while True:
+                sub.wake.clear()
+                for ev in await store.read_events(sid, after_seq=last):
+                    if ev.seq <= last:
+                        continue
+                    await writer.write(event_frame(ev))
+                    last, last_type = ev.seq, ev.type
+                for frame in sub.take_live(last):
+                    await writer.write(frame)
+                if last_type == TERMINAL_EVENT and not await self.runner.busy(sid):
+                    # a run may have been queued after the stop was read: check the log once more
+                    if not await store.read_events(sid, after_seq=last, until_seq=last + 1):
+                        await writer.close()
+                        break
+                    continue
+                try:
+                    async with asyncio.timeout(self.heartbeat):
+                        await sub.wake.wait()
+                except TimeoutError:
+                    await writer.send_heartbeat()
+        except ClientGone:
+            pass
+        finally:
+            notifier.unsubscribe(sub)
+        return writer.response
+
+    # -- control and approvals -------------------------------------------------------------
+    async def _idempotent(self, request: web.Request, sid: str, key: str, value: dict[str, Any],
+                          describe: str) -> web.Response | None:
+        """The replayed first outcome, or 409 for a different request, when ``key`` is taken."""
+        prior = (await self.store.idempotency_records(sid, key)).get(key)
+        if prior is None:
+            return None
+        return self._replay(prior, value, describe)
+
+    @staticmethod
+    def _replay(prior: dict[str, Any], value: dict[str, Any], describe: str) -> web.Response:
+        if prior.get("request") != value:
+            raise Problem(409, "Conflict", f"{describe} was already answered with {prior.get('request')}; "
+                                           "a different request is refused")
+        return json_response({**prior["outcome"], "replayed": True}, 200, {"Idempotent-Replayed": "true"})
+
+    async def control(self, request: web.Request) -> web.Response:
+        rec = await self.session_of(request)
+        sid = rec.session_id
+        data = await json_body(request)
+        check_fields(data, {"kind", "text"})
+        kind_name = opt_str(data, "kind", required=True)
+        if kind_name not in _CONTROL_KINDS:
+            raise Problem(400, "Wrong field", f"'kind' must be one of {', '.join(_CONTROL_KINDS)}, not {kind_name!r}")
+        kind = _CONTROL_KINDS[kind_name]
+        text = opt_str(data, "text") or ""
+        if kind in (ControlKind.STEER, ControlKind.FOLLOWUP) and not text:
+            raise Problem(400, "Missing field", f"a {kind_name} needs 'text'")
+        value = {"kind": kind_name, "text": text}
+        ikey = request.headers.get("Idempotency-Key")
+        key = None
+        if ikey is not None:
+            if not ikey or len(ikey) > 200:
+                raise Problem(400, "Wrong field", "Idempotency-Key must be 1 to 200 characters")
+            key = CONTROL_KEY + ikey
+            replay = await self._idempotent(request, sid, key, value, f"control with Idempotency-Key {ikey!r}")
+            if replay is not None:
+                return replay
+        try:
+            note = await send_control(self.store, sid, kind, text)
+        except ResumeError as e:
+            raise Problem(409, "Cannot control", str(e)) from e
+        outcome = {"session_id": sid, "kind": kind_name, "status": "queued", "note": note}
+        resumes = rec.state in _RESUMABLE and kind is not ControlKind.INTERRUPT and not await self.runner.busy(sid)
+        if resumes:
+            outcome["note"] = f"queued {kind_name} for session {sid}; the session is resumed to apply it"
+            await self.runner.submit(RunRequest(sid, "resume"))
+        if key is not None:
+            stored, first = await self.store.claim_idempotency_key(sid, key, {"request": value, "outcome": outcome})
+            if not first:
+                return self._replay(stored, value, f"control with Idempotency-Key {ikey!r}")
+        return json_response(outcome, 202)
+
+    async def decide(self, request: web.Request) -> web.Response:
+        rec = await self.session_of(request)
+        sid, call_id = rec.session_id, request.match_info["call_id"]
+        if not call_id or len(call_id) > 200:
+            raise Problem(400, "Wrong field", "a call id is 1 to 200 characters")
+        data = await json_body(request)
+        decision = self._decision(data)
+        value = {"call_id": call_id, "decision": unstructure(decision)}
+        key = DECISION_KEY + call_id
+        describe = f"tool call {call_id!r}"
+        replay = await self._idempotent(request, sid, key, value, describe)
+        if replay is not None:
+            return replay
+        pending = {p["call"]["id"]: p for p in (rec.stop or {}).get("pending_actions") or ()} \
+            if rec.state == StopReason.WAITING_HUMAN.value else {}
+        p = pending.get(call_id)
+        if p is None:
+            if rec.state == StopReason.WAITING_HUMAN.value:
+                raise Problem(404, "Not pending", f"no pending tool call {call_id!r} in session {sid} "
+                                                  f"(pending: {', '.join(pending) or 'none'})")
+            raise Problem(409, "Not waiting", f"session {sid} is {rec.state}, not WAITING_HUMAN: tool call {call_id!r} "
+                                              "is not waiting for a decision")
+        allowed = tuple(p.get("allowed_decisions") or _DECISION_KINDS)
+        if decision.kind not in allowed:
+            raise Problem(409, "Decision not allowed", f"tool call {call_id!r} allows {', '.join(allowed)}, "
+                                                       f"not {decision.kind!r}")
+        if decision.kind == "edit":
+            t = self.agent.tools.get(p["call"]["name"])
+            if t is not None:
+                try:
+                    t.validate(decision.arguments or {})
+                except ToolArgumentsError as e:
+                    raise Problem(400, "Wrong field", f"'arguments': {e}") from e
+        outcome = {"session_id": sid, "call_id": call_id, "decision": decision.kind, "status": "accepted"}
+        stored, first = await self.store.claim_idempotency_key(sid, key, {"request": value, "outcome": outcome,
+                                                                          "call_id": call_id,
+                                                                          "decision": value["decision"]})
+        if not first:
+            return self._replay(stored, value, describe)
+        await self.runner.submit(RunRequest(sid, "resume"))
+        return json_response(outcome, 202)
+
+    @staticmethod
+    def _decision(data: dict[str, Any]) -> Decision:
+        check_fields(data, {"decision", "arguments", "message", "is_error"})
+        kind = opt_str(data, "decision", required=True)
+        if kind not in _DECISION_KINDS:
+            raise Problem(400, "Wrong field", f"'decision' must be one of {', '.join(_DECISION_KINDS)}, not {kind!r}")
+        message = data.get("message", "")
+        if not isinstance(message, str) or len(message) > 100_000:
+            raise Problem(400, "Wrong field", "'message' must be a string (at most 100,000 characters)")
+        if kind == "edit":
+            args = data.get("arguments")
+            if not isinstance(args, dict):
+                raise Problem(400, "Wrong field", "an edit needs 'arguments': the new arguments, a JSON object")
+            return Decision.edit(args)
+        if data.get("arguments") is not None:
+            raise Problem(400, "Wrong field", f"'arguments' belongs to an edit, not a {kind}")
+        if kind == "approve":
+            return Decision.approve()
+        if kind == "reject":
+            return Decision.reject(message or "rejected by a person")
+        if not message:
+            raise Problem(400, "Missing field", "a respond needs 'message': the result the model is given")
+        return Decision.respond(message, is_error=opt_bool(data, "is_error"))
+
+    # -- diagram, health, OpenAPI ----------------------------------------------------------
+    async def diagram(self, request: web.Request) -> web.Response:
+        rec = await self.session_of(request)
+        fmt = request.query.get("format", "mermaid")
+        if fmt not in ("mermaid", "json"):
+            raise Problem(400, "Wrong field", "format must be 'mermaid' or 'json'")
+        path = [(ev.payload["from"], ev.payload["trigger"], ev.payload["to"])
+                for ev in await self.store.read_events(rec.session_id, types=("transition",))]
+        active = None if rec.state == QUEUED else rec.state
+        text = render_machine(trace=path, active=active, title=f"session {rec.session_id}")
+        if fmt == "json":
+            return json_response({"session_id": rec.session_id, "state": rec.state, "mermaid": text,
+                                  "path": [list(p) for p in path]})
+        return web.Response(text=text, content_type="text/plain", charset="utf-8",
+                            headers={"Cache-Control": "no-cache"})
+
+    async def healthz(self, request: web.Request) -> web.Response:
+        return json_response({"status": "ok"})
+
+    async def openapi(self, request: web.Request) -> web.Response:
+        return json_response(openapi_document())
+
+
+def _with_live_deltas(agent: Agent, notifier: Notifier) -> None:
+    if not any(isinstance(o, LiveDeltas) for o in agent.hooks.observers):
+        agent.hooks = HookBus((*agent.hooks.observers, LiveDeltas(notifier)))
+
+
+def create_app(
+    agent: Agent | Callable[[Store], Agent],
+    store: Store | None = None,
+    *,
+    runner: Runner | Callable[[Agent, NotifyingStore], Runner] | None = None,
+    tenants: Tenants | None = None,
+    cors_origins: Iterable[str] = (),
+    max_body: int = 256 * 1024,
+    heartbeat: float = 15.0,
+    send_timeout: float = 10.0,
+    retry_ms: int = 3000,
+    live_deltas: bool = True,
+) -> web.Application:
+    """The server app (mount it in your own ``aiohttp`` app with ``add_subapp``, or run it with
+    ``fsm-agent serve``).
 
     Args:
         agent: an :class:`Agent` (its store is replaced by a :class:`NotifyingStore` over ``store``,
             or over its own store), or a factory called with that store.
-        store: where sessions live (default: the agent's store).
+        store: where sessions live (default: the agent's store). The server's decisions need a store
+            with idempotency keys (the SQLite, PostgreSQL and memory stores).
+        runner: who drives runs: a :class:`Runner`, or a factory ``(agent, store) -> Runner``
+            (default: :class:`LocalRunner`, in this process).
+        tenants: bearer tokens by tenant (default: :meth:`Tenants.from_env`; none: one tenant, no sign-in).
+        cors_origins: origins allowed cross-origin calls (default: none; CORS off).
         max_body: largest request body in bytes (larger: 413).
         heartbeat: seconds of idle before a ``: hb`` comment on an event stream.
         send_timeout: seconds a stream write may take before the client is dropped.
-        retry_ms: the ``retry:`` sent at the start of each event stream.
+        retry_ms: the ``retry:`` sent at the start of each event stream (milliseconds).
+        live_deltas: send the model's streaming deltas live (``event: delta``, no id).
+
+    Raises:
+        TypeError: a factory without a store.
     """
     if isinstance(agent, Agent):
         inner = store if store is not None else agent.store
@@ -225,162 +521,50 @@ def create_app(agent: Agent | Callable[[Store], Agent], store: Store | None = No
         the_agent = agent(nstore)
         if the_agent.store is not nstore:
             the_agent.store = nstore
-    runs: set[asyncio.Task[Any]] = set()
+    if live_deltas:
+        _with_live_deltas(the_agent, nstore.notifier)
+    if runner is None:
+        the_runner: Runner = LocalRunner(the_agent, nstore.notifier)
+    elif isinstance(runner, Runner):
+        the_runner = runner
+    else:
+        the_runner = runner(the_agent, nstore)
+    the_tenants = tenants if tenants is not None else Tenants.from_env()
+    srv = _Server(the_agent, nstore, the_runner, the_tenants, frozenset(cors_origins), heartbeat, send_timeout,
+                  retry_ms)
 
-    def spawn(coro: Awaitable[Any]) -> asyncio.Task[Any]:
-        task = asyncio.ensure_future(coro)
-        runs.add(task)
-        task.add_done_callback(runs.discard)
-        task.add_done_callback(lambda t: t.cancelled() or t.exception())  # consume: failures live in the log
-        return task
-
-    async def wait_created(sid: str, task: asyncio.Task[Any]) -> None:
-        for _ in range(1000):
-            if await nstore.get_session(sid) is not None:
-                return
-            if task.done():
-                exc = task.exception()
-                if isinstance(exc, SessionExistsError):
-                    raise _Problem(409, "Session exists", f"session {sid!r} exists")
-                raise _Problem(500, "Run failed to start", repr(exc))
-            await asyncio.sleep(0.005)
-        raise _Problem(503, "Run did not start", f"session {sid!r} was not created in time")
-
-    async def start_new(sid: str | None, task_text: str) -> str:
-        sid = sid or uuid.uuid4().hex
-        if await nstore.get_session(sid) is not None:
-            raise _Problem(409, "Session exists", f"session {sid!r} exists")
-        task = spawn(the_agent.run(task_text, session_id=sid))
-        await wait_created(sid, task)
-        return sid
-
-    async def get_or_404(sid: str) -> SessionRecord:
-        rec = await nstore.get_session(sid)
-        if rec is None:
-            raise _Problem(404, "Unknown session", f"no session {sid!r}")
-        return rec
-
-    async def healthz(request: web.Request) -> web.Response:
-        return _json({"status": "ok"})
-
-    async def create_session(request: web.Request) -> web.Response:
-        data = await _body(request)
-        task_text = _opt_str(data, "task", required=True)
-        sid = _opt_str(data, "session_id")
-        if sid is not None:
-            _check_sid(sid)
-        assert task_text is not None
-        sid = await start_new(sid, task_text)
-        return _json({"session_id": sid}, 201, {"Location": f"/sessions/{sid}"})
-
-    async def start_run(request: web.Request) -> web.Response:
-        sid = _check_sid(request.match_info["sid"])
-        data = await _body(request)
-        task_text = _opt_str(data, "task")
-        rec = await nstore.get_session(sid)
-        if rec is None:
-            if task_text is None:
-                raise _Problem(404, "Unknown session", f"no session {sid!r}; give a task to create it")
-            await start_new(sid, task_text)
-        else:
-            if task_text is not None:
-                raise _Problem(409, "Session exists", f"session {sid!r} exists: start a run without a task to resume it")
-            try:
-                await the_agent.check_resume(sid)
-            except ResumeError as e:
-                raise _Problem(409, "Cannot resume", str(e)) from e
-            spawn(the_agent.resume(sid))
-        return _json({"session_id": sid}, 202, {"Location": f"/sessions/{sid}"})
-
-    def snapshot(rec: SessionRecord) -> dict[str, Any]:
-        stop = rec.stop or None
-        return {"session_id": rec.session_id, "state": rec.state, "goal": rec.goal, "stop": stop,
-                "pending_approvals": list((stop or {}).get("pending_actions") or ()), "last_seq": rec.last_seq,
-                "created_at": rec.created_at, "updated_at": rec.updated_at}
-
-    async def get_session(request: web.Request) -> web.Response:
-        rec = await get_or_404(request.match_info["sid"])
-        return _json(snapshot(rec))
-
-    async def list_sessions(request: web.Request) -> web.Response:
-        try:
-            limit = int(request.query.get("limit", "50"))
-        except ValueError as e:
-            raise _Problem(400, "Wrong field", "limit must be an integer") from e
-        if not 1 <= limit <= 1000:
-            raise _Problem(400, "Wrong field", "limit must be between 1 and 1000")
-        state = request.query.get("state")
-        recs = await nstore.list_sessions(limit if state is None else 1000)
-        if state is not None:
-            recs = [r for r in recs if r.state == state][:limit]
-        return _json({"sessions": [snapshot(r) for r in recs]})
-
-    def after_of(request: web.Request) -> int:
-        raw = request.headers.get("Last-Event-ID")
-        if raw is None or raw.strip() == "":
-            raw = request.query.get("after", "0")
-        try:
-            after = int(raw)
-        except ValueError as e:
-            raise _Problem(400, "Wrong field", f"Last-Event-ID / after must be an event seq, not {raw!r}") from e
-        if after < 0:
-            raise _Problem(400, "Wrong field", "Last-Event-ID / after must be >= 0")
-        return after
-
-    async def join(request: web.Request) -> web.StreamResponse:
-        sid = request.match_info["sid"]
-        after = after_of(request)
-        await get_or_404(sid)
-        wake = nstore.notifier.subscribe(sid)  # subscribe first, then read the log: no gap
-        writer = SSEWriter(request, retry_ms=retry_ms, send_timeout=send_timeout, heartbeat=heartbeat)
-        try:
-            await writer.prepare()
-            last = after
-            while True:
-                wake.clear()
-                events = await nstore.read_events(sid, after_seq=last)
-                for ev in events:
-                    if ev.seq <= last:  # duplicate of one already sent
-                        continue
-                    await writer.write(event_frame(ev))
-                    last = ev.seq
-                if events and events[-1].type == TERMINAL_EVENT and events[-1].seq == last:
-                    await writer.close()
-                    break
-                if not events and last > 0 and await _ended_at(sid, last):
-                    await writer.close()
-                    break
-                try:
-                    async with asyncio.timeout(heartbeat):
-                        await wake.wait()
-                except TimeoutError:
-                    await writer.send_heartbeat()
-        except ClientGone:
-            pass
-        finally:
-            nstore.notifier.unsubscribe(sid, wake)
-        return writer.response
-
-    async def _ended_at(sid: str, last: int) -> bool:
-        evs = await nstore.read_events(sid, after_seq=last - 1, until_seq=last)
-        return bool(evs) and evs[-1].type == TERMINAL_EVENT
+    async def on_startup(app: web.Application) -> None:
+        await the_runner.start()
 
     async def on_cleanup(app: web.Application) -> None:
-        for t in list(runs):
-            t.cancel()
-        for t in list(runs):
-            with contextlib.suppress(BaseException):
-                await t
+        await the_runner.close()
 
-    app = web.Application(client_max_size=max_body, middlewares=[_problems])
+    app = web.Application(client_max_size=max_body, middlewares=[problems, srv.auth])
     app[AGENT_KEY] = the_agent
     app[STORE_KEY] = nstore
-    app[RUNS_KEY] = runs
-    app.router.add_get("/healthz", healthz)
-    app.router.add_post("/sessions", create_session)
-    app.router.add_get("/sessions", list_sessions)
-    app.router.add_get("/sessions/{sid}", get_session)
-    app.router.add_post("/sessions/{sid}/runs", start_run)
-    app.router.add_get("/sessions/{sid}/events", join)
+    app[RUNNER_KEY] = the_runner
+    app[TENANTS_KEY] = the_tenants
+    r = app.router
+    r.add_get("/healthz", srv.healthz)
+    r.add_get("/openapi.json", srv.openapi)
+    r.add_post("/auth/login", srv.login)
+    r.add_post("/auth/logout", srv.logout)
+    r.add_post("/sessions", srv.create_session)
+    r.add_get("/sessions", srv.list_sessions)
+    r.add_get("/sessions/{sid}", srv.get_session)
+    r.add_post("/sessions/{sid}/runs", srv.start_run)
+    r.add_post("/sessions/{sid}/runs/stream", srv.start_run_stream)
+    r.add_get("/sessions/{sid}/events", srv.join)
+    r.add_post("/sessions/{sid}/control", srv.control)
+    r.add_post("/sessions/{sid}/approvals/{call_id}", srv.decide)
+    r.add_get("/sessions/{sid}/diagram", srv.diagram)
+    try:
+        from .review import add_review_routes
+    except ImportError:  # the page is not built yet in this tree
+        pass
+    else:
+        add_review_routes(app)
+    app.on_response_prepare.append(srv.on_prepare)
+    app.on_startup.append(on_startup)
     app.on_cleanup.append(on_cleanup)
     return app

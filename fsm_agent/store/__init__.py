@@ -1,6 +1,7 @@
 """Session stores: the event log, checkpoints, the tool-call ledger, controls and leases."""
 
 from .base import (
+    QUEUED,
     SCHEMA_VERSION,
     Checkpoint,
     ControlKind,
@@ -28,6 +29,7 @@ __all__ = [
     "LoadedSession",
     "MemoryStore",
     "PostgresStore",
+    "QUEUED",
     "SCHEMA_VERSION",
     "SQLiteStore",
     "SessionRecord",

@@ -44,6 +44,7 @@ from attrs import field, frozen
 from ..errors import LeaseLost
 
 __all__ = [
+    "QUEUED",
     "SCHEMA_VERSION",
     "Checkpoint",
     "ControlKind",
@@ -93,6 +94,11 @@ class LedgerStatus(str, enum.Enum):
 
 _CLOSED = frozenset({LedgerStatus.COMPLETED, LedgerStatus.FAILED, LedgerStatus.REJECTED, LedgerStatus.RESPONDED,
                      LedgerStatus.INTERRUPTED, LedgerStatus.NOT_RUN})
+
+
+QUEUED = "QUEUED"
+"""The state of a session a server created before any worker started its first run
+(:mod:`fsm_agent.server`); :meth:`fsm_agent.Agent.run` with that ``session_id`` adopts it."""
 
 
 class ControlKind(str, enum.Enum):
@@ -286,6 +292,34 @@ class Store(abc.ABC):
     @abc.abstractmethod
     async def peek_controls(self, session_id: str, kinds: Sequence[ControlKind]) -> bool:
         """Whether a control of ``kinds`` is queued (cheap; for mid-phase polling)."""
+
+    async def claim_idempotency_key(self, session_id: str, key: str, value: dict[str, Any]
+                                    ) -> tuple[dict[str, Any], bool]:
+        """Store ``value`` under ``(session_id, key)`` unless a value is stored there already.
+
+        Atomic across processes and hosts: of two racing callers exactly one stores its value.
+        Used by the server for idempotent decisions and controls (``decision:<call id>``,
+        ``control:<Idempotency-Key>``).
+
+        Returns:
+            ``(stored value, True)`` when this call stored ``value``; ``(the earlier value, False)``
+            when a value was there.
+
+        Raises:
+            KeyError: unknown session.
+            NotImplementedError: this store keeps no idempotency keys.
+            StoreError: the store could not be read or written.
+        """
+        raise NotImplementedError(f"{type(self).__name__} keeps no idempotency keys")
+
+    async def idempotency_records(self, session_id: str, prefix: str = "") -> dict[str, dict[str, Any]]:
+        """The values stored by :meth:`claim_idempotency_key` for ``session_id`` whose key starts
+        with ``prefix``, by key.
+
+        Raises:
+            NotImplementedError: this store keeps no idempotency keys.
+        """
+        raise NotImplementedError(f"{type(self).__name__} keeps no idempotency keys")
 
     async def close(self) -> None:
         """Release connections (idempotent)."""

@@ -30,6 +30,7 @@ class MemoryStore(Store):
         self._latest: dict[str, str] = {}
         self._ledger: dict[str, dict[str, LedgerEntry]] = {}
         self._controls: dict[str, list[ControlRecord]] = {}
+        self._idempotency: dict[str, dict[str, dict[str, Any]]] = {}
 
     async def create_session(self, record: SessionRecord) -> None:
         if record.session_id in self._sessions:
@@ -112,3 +113,16 @@ class MemoryStore(Store):
 
     async def peek_controls(self, session_id: str, kinds: Sequence[ControlKind]) -> bool:
         return any(c.kind in kinds for c in self._controls.get(session_id, ()))
+
+    async def claim_idempotency_key(self, session_id: str, key: str, value: dict[str, Any]
+                                    ) -> tuple[dict[str, Any], bool]:
+        if session_id not in self._sessions:
+            raise KeyError(f"unknown session {session_id}")
+        kept = self._idempotency.setdefault(session_id, {})
+        if key in kept:
+            return kept[key], False
+        kept[key] = dict(value)
+        return kept[key], True
+
+    async def idempotency_records(self, session_id: str, prefix: str = "") -> dict[str, dict[str, Any]]:
+        return {k: v for k, v in self._idempotency.get(session_id, {}).items() if k.startswith(prefix)}

@@ -81,6 +81,12 @@ MIGRATIONS: tuple[str, ...] = (
         control_id TEXT PRIMARY KEY, session_id TEXT NOT NULL, kind TEXT NOT NULL, text TEXT NOT NULL, ts REAL NOT NULL);
     CREATE INDEX controls_session ON controls(session_id, ts);
     """,
+    # 2: idempotency keys of the server's decisions and controls
+    """
+    CREATE TABLE idempotency (
+        session_id TEXT NOT NULL, key TEXT NOT NULL, value BLOB NOT NULL, ts REAL NOT NULL,
+        PRIMARY KEY (session_id, key)) WITHOUT ROWID;
+    """,
 )
 """Schema migrations, applied in order; ``schema_migrations`` records what a database has."""
 
@@ -444,6 +450,24 @@ class SQLiteStore(Store):
             row = self._db.execute(f"SELECT 1 FROM controls WHERE session_id=? AND kind IN ({marks}) LIMIT 1",
                                    (session_id, *[k.value for k in kinds])).fetchone()
         return row is not None
+
+    async def claim_idempotency_key(self, session_id: str, key: str, value: dict[str, Any]
+                                    ) -> tuple[dict[str, Any], bool]:
+        if await self.get_session(session_id) is None:
+            raise KeyError(f"unknown session {session_id}")
+        db = self._db
+        with self._transaction("claim_idempotency_key"):
+            cur = db.execute("INSERT OR IGNORE INTO idempotency VALUES (?,?,?,?)", (session_id, key, _j(value), time.time()))
+            if cur.rowcount == 1:
+                return value, True
+            row = db.execute("SELECT value FROM idempotency WHERE session_id=? AND key=?", (session_id, key)).fetchone()
+        return orjson.loads(row[0]), False
+
+    async def idempotency_records(self, session_id: str, prefix: str = "") -> dict[str, dict[str, Any]]:
+        with self._guard("idempotency_records"):
+            rows = self._db.execute("SELECT key, value FROM idempotency WHERE session_id=? AND substr(key, 1, ?)=? "
+                                    "ORDER BY ts", (session_id, len(prefix), prefix)).fetchall()
+        return {r[0]: orjson.loads(r[1]) for r in rows}
 
     # -- WAL checkpoints, off the event loop -------------------------------------------------
     def _start_wal_checkpoint(self) -> None:

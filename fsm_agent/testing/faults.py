@@ -243,5 +243,12 @@ class FaultyStore(Store):
     async def peek_controls(self, session_id: str, kinds: Sequence[ControlKind]) -> bool:
         return await self._call("peek_controls", session_id, kinds)  # type: ignore[no-any-return]
 
+    async def claim_idempotency_key(self, session_id: str, key: str, value: dict[str, Any]
+                                    ) -> tuple[dict[str, Any], bool]:
+        return await self._call("claim_idempotency_key", session_id, key, value)  # type: ignore[no-any-return]
+
+    async def idempotency_records(self, session_id: str, prefix: str = "") -> dict[str, dict[str, Any]]:
+        return await self._call("idempotency_records", session_id, prefix)  # type: ignore[no-any-return]
+
     async def close(self) -> None:
         await self._call("close")

@@ -1,0 +1,205 @@
+"""Who drives the runs a server accepts: the :class:`RunRequest`, the :class:`Runner` interface,
+the in-process :class:`LocalRunner`, and :func:`execute`, which carries out one request on an
+:class:`~fsm_agent.Agent` for every runner (in process here, or a worker of
+:mod:`fsm_agent.server.queue` on another host).
+
+Decisions are not carried in requests: the approval route stores each one under the idempotency
+key ``decision:<call id>`` (:meth:`~fsm_agent.store.base.Store.claim_idempotency_key`), and
+:func:`execute` reads the stored decisions for the calls pending when it resumes. A decision that
+arrives while the session is still running is therefore applied by the run that follows: after a
+run stops WAITING_HUMAN, :func:`execute` resumes again at once when stored decisions answer calls
+now pending.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import contextlib
+import logging
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from attrs import field, frozen
+
+from ..agent import Agent
+from ..control import Decision
+from ..errors import ResumeError
+from ..store.base import QUEUED, Store
+from ..types.codec import structure
+from ..types.run import RunResult, StopReason
+from .notify import Notifier
+
+__all__ = ["DECISION_KEY", "Busy", "LocalRunner", "RunRequest", "Runner", "execute", "stored_decisions"]
+
+log = logging.getLogger("fsm_agent.server")
+
+DECISION_KEY = "decision:"
+"""Prefix of the idempotency key under which a decision is stored: ``decision:<call id>``."""
+
+
+@frozen
+class RunRequest:
+    """A run to carry out: the first run of a QUEUED session (``start``), or a resume."""
+
+    session_id: str
+    kind: Literal["start", "resume"]
+    task: str | None = None
+    """For ``start``: the task (user message)."""
+    limits: dict[str, Any] = field(factory=dict)
+    """For ``resume``: raised RunConfig fields (``max_iterations`` ...)."""
+    confirm_cancel: bool = False
+
+
+class Busy(Exception):
+    """The session is driven by another worker now; try the request again later."""
+
+
+async def stored_decisions(store: Store, session_id: str, stop: Mapping[str, Any] | None) -> dict[str, Decision]:
+    """The stored decisions that answer a call pending in ``stop`` (the session's RunStop), by call id."""
+    pending = {p["call"]["id"] for p in (stop or {}).get("pending_actions") or ()}
+    if not pending:
+        return {}
+    records = await store.idempotency_records(session_id, DECISION_KEY)
+    out: dict[str, Decision] = {}
+    for rec in records.values():
+        cid = rec.get("call_id")
+        if cid in pending:
+            out[cid] = structure(rec["decision"], Decision)
+    return out
+
+
+async def execute(agent: Agent, request: RunRequest) -> RunResult | None:
+    """Carry out ``request`` on ``agent``; ``None`` when there was nothing to run.
+
+    A ``start`` runs the QUEUED session's task. A ``resume`` resumes with the stored decisions of
+    the pending calls (:func:`stored_decisions`). After a run that stops WAITING_HUMAN, it resumes
+    again while stored decisions answer newly pending calls.
+
+    Raises:
+        Busy: another worker holds the session's lease.
+    """
+    store = agent.store
+    sid = request.session_id
+    rec = await store.get_session(sid)
+    if rec is None:
+        log.warning("run request for unknown session %s dropped", sid)
+        return None
+    result: RunResult | None = None
+    # A start whose session already left QUEUED was started by a worker that died (or is a
+    # duplicate): it is resumed instead, which recovers it once the lease has expired.
+    first_resume = request.kind == "resume" or rec.state != QUEUED
+    if not first_resume:
+        try:
+            result = await agent.run(request.task or rec.goal, session_id=sid)
+        except ResumeError as e:
+            raise Busy(str(e)) from e
+    limits, confirm = dict(request.limits), request.confirm_cancel
+    while True:
+        rec = await store.get_session(sid)
+        if rec is None:
+            return result
+        decisions = await stored_decisions(store, sid, rec.stop)
+        waiting = rec.state == StopReason.WAITING_HUMAN.value
+        if not first_resume and not (waiting and decisions):
+            return result
+        if waiting and not decisions and not limits and not confirm and not await _has_controls(store, sid):
+            return result  # nothing new to resume with: it would stop WAITING_HUMAN again at once
+        first_resume = False
+        try:
+            await agent.check_resume(sid, decisions)
+        except ResumeError as e:
+            if rec.lease_owner is not None and rec.lease_owner != agent.worker_id and "being driven" in str(e):
+                raise Busy(str(e)) from e
+            log.info("resume of %s not possible: %s", sid, e)
+            return result
+        try:
+            result = await agent.resume(sid, decisions=decisions, confirm_cancel=confirm, **limits)
+        except ResumeError as e:
+            raise Busy(str(e)) from e
+        limits, confirm = {}, False
+
+
+async def _has_controls(store: Store, sid: str) -> bool:
+    from ..store.base import ControlKind
+
+    return await store.peek_controls(sid, [ControlKind.STEER, ControlKind.FOLLOWUP, ControlKind.CANCEL])
+
+
+class Runner(abc.ABC):
+    """Carries out :class:`RunRequest` s somewhere: in this process (:class:`LocalRunner`) or on
+    workers (:class:`fsm_agent.server.queue.QueueRunner`)."""
+
+    async def start(self) -> None:
+        """Called when the app starts."""
+
+    @abc.abstractmethod
+    async def submit(self, request: RunRequest) -> None:
+        """Accept ``request``; returns at once (the run happens in the background)."""
+
+    @abc.abstractmethod
+    async def busy(self, session_id: str) -> bool:
+        """Whether a run of ``session_id`` is queued or in progress (an event stream stays open)."""
+
+    async def close(self) -> None:
+        """Stop: runs in progress are interrupted (they end INTERRUPTED, resumable)."""
+
+
+class LocalRunner(Runner):
+    """Runs requests as tasks of this process, one session at a time: a request for a session
+    that is running waits for that run to end (so decisions and controls that arrive meanwhile are
+    applied by the next run, never lost).
+
+    Args:
+        agent: the agent that drives every run.
+        notifier: woken when a session's runs are done, so that its event streams can close.
+        retry_busy: seconds to wait before trying again a session another process drives.
+    """
+
+    def __init__(self, agent: Agent, notifier: Notifier | None = None, *, retry_busy: float = 1.0) -> None:
+        self.agent = agent
+        self.notifier = notifier
+        self.retry_busy = retry_busy
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._next: dict[str, list[RunRequest]] = {}
+
+    async def submit(self, request: RunRequest) -> None:
+        sid = request.session_id
+        self._next.setdefault(sid, []).append(request)
+        if sid not in self._tasks:
+            task = asyncio.get_running_loop().create_task(self._drain(sid), name=f"fsm-run-{sid}")
+            self._tasks[sid] = task
+
+    async def busy(self, session_id: str) -> bool:
+        return session_id in self._tasks
+
+    async def _drain(self, sid: str) -> None:
+        try:
+            while self._next.get(sid):
+                request = self._next[sid].pop(0)
+                while True:
+                    try:
+                        await execute(self.agent, request)
+                        break
+                    except Busy as e:
+                        log.info("session %s: %s; trying again in %.1fs", sid, e, self.retry_busy)
+                        await asyncio.sleep(self.retry_busy)
+                    except Exception:  # noqa: BLE001 - the failure is in the session's log; keep serving
+                        log.exception("run of session %s failed", sid)
+                        break
+        finally:
+            self._tasks.pop(sid, None)
+            self._next.pop(sid, None)
+            if self.notifier is not None:
+                self.notifier.notify(sid)
+
+    async def close(self) -> None:
+        tasks = list(self._tasks.values())
+        for t in tasks:
+            t.cancel()
+        for t in tasks:
+            with contextlib.suppress(BaseException):
+                await t
+
+    def __repr__(self) -> str:
+        return f"LocalRunner(running={len(self._tasks)})"
