@@ -6,6 +6,12 @@ one conditional ``UPDATE``, so of two racing workers exactly one wins. Every dri
 transaction that locks the session row and refuses to commit for a worker that lost its lease.
 Migrations run under an advisory lock, so workers starting together migrate once.
 
+Announcements: each committed write and session creation sends ``NOTIFY fsm_events`` with
+``"<session id> <last seq>"`` from inside its transaction (only the id and the seq: a payload is
+capped near 8 KB; readers fetch the events from the log). The run queue of
+:mod:`fsm_agent.server.queue` lives in the ``run_queue`` table (:meth:`PostgresStore.enqueue_run`,
+:meth:`PostgresStore.claim_runs` ...); queuing wakes workers on ``fsm_queue``.
+
 Failures: an error from the server or the connection becomes a
 :class:`~fsm_agent.errors.StoreError` naming the DSN (never its password), the operation and the
 cause, chained to asyncpg's exception. ``transient`` is true for a lost, refused or reset
@@ -29,6 +35,7 @@ from typing import Any
 from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 import orjson
+from attrs import frozen
 
 from ..errors import ConfigurationError, LeaseLost, SessionConflictError, SessionExistsError, StoreError
 from .base import (
@@ -43,7 +50,8 @@ from .base import (
     WriteBatch,
 )
 
-__all__ = ["MIGRATIONS", "PostgresStore"]
+__all__ = ["EVENTS_CHANNEL", "LIVE_CHANNEL", "MIGRATIONS", "NOTIFY_MAX", "QUEUE_CHANNEL", "PostgresStore",
+           "QueuedRun"]
 
 MIGRATIONS: tuple[str, ...] = (
     """
@@ -70,9 +78,37 @@ MIGRATIONS: tuple[str, ...] = (
         ts DOUBLE PRECISION NOT NULL);
     CREATE INDEX controls_session ON controls(session_id, ts);
     """,
+    # 2: idempotency keys of the server's decisions and controls; the queue of runnable runs that
+    # workers claim (fsm_agent.server.queue)
+    """
+    CREATE TABLE idempotency (
+        session_id TEXT NOT NULL, key TEXT NOT NULL, value JSONB NOT NULL, ts DOUBLE PRECISION NOT NULL,
+        PRIMARY KEY (session_id, key));
+    CREATE TABLE run_queue (
+        job_id TEXT PRIMARY KEY, session_id TEXT NOT NULL, kind TEXT NOT NULL, payload JSONB NOT NULL,
+        available_at DOUBLE PRECISION NOT NULL, attempts INTEGER NOT NULL DEFAULT 0,
+        claimed_by TEXT, claimed_until DOUBLE PRECISION, created_at DOUBLE PRECISION NOT NULL);
+    CREATE INDEX run_queue_available ON run_queue(available_at);
+    """,
 )
 _LOCK_ID = 0x46534D41  # "FSMA": the advisory lock taken while migrating
 _NOW = "extract(epoch from clock_timestamp())"
+
+EVENTS_CHANNEL = "fsm_events"
+"""The ``NOTIFY`` channel of committed writes: payload ``"<session id> <last seq>"``."""
+QUEUE_CHANNEL = "fsm_queue"
+"""The ``NOTIFY`` channel that wakes workers when a run is queued: payload the job id."""
+LIVE_CHANNEL = "fsm_live"
+"""The ``NOTIFY`` channel of live stream deltas (:mod:`fsm_agent.server.queue`): payload JSON."""
+NOTIFY_MAX = 7900
+"""Largest ``NOTIFY`` payload sent, in bytes (PostgreSQL refuses 8000 and more)."""
+
+
+def _notify_events(rows: str) -> str:
+    """A SELECT announcing each ``(session_id, last_seq)`` of ``rows`` on :data:`EVENTS_CHANNEL`
+    (a session id too long for a payload is not announced)."""
+    return (f"SELECT pg_notify('{EVENTS_CHANNEL}', session_id || ' ' || last_seq) FROM {rows} "
+            f"WHERE octet_length(session_id) < {NOTIFY_MAX - 24}")
 
 
 def _j(value: Any) -> str:
@@ -141,6 +177,21 @@ def _root(exc: BaseException) -> BaseException:
     return exc
 
 
+@frozen
+class QueuedRun:
+    """A job of the run queue (``run_queue``): a run a server accepted, for a worker to carry out."""
+
+    job_id: str
+    session_id: str
+    kind: str
+    payload: dict[str, Any]
+    """The request, unstructured (:class:`fsm_agent.server.runs.RunRequest`)."""
+    attempts: int
+    """Claims so far, this one included."""
+    created_at: float
+    """Unix seconds (the database's clock)."""
+
+
 class _Guard:
     """``with store._guard(op):`` turns an asyncpg / connection error raised inside into a StoreError."""
 
@@ -163,6 +214,10 @@ class PostgresStore(Store):
     Args:
         dsn: a libpq connection string or URL (``postgresql://user@host:port/db``).
         min_size / max_size: connection pool bounds.
+        notify: announce each committed :meth:`write` and :meth:`create_session` with
+            ``NOTIFY fsm_events, '<session id> <last seq>'`` from inside its transaction, so that a
+            listener (:class:`fsm_agent.server.queue.QueueRunner`, on any host) hears of it exactly
+            when the commit is visible. Session ids of 7,876 bytes and more are not announced.
 
     Raises (from any method):
         StoreError: the server or the connection failed (see the module docstring).
@@ -172,11 +227,19 @@ class PostgresStore(Store):
         location: the DSN without its password, as errors name it.
     """
 
-    def __init__(self, dsn: str, *, min_size: int = 1, max_size: int = 10) -> None:
+    def __init__(self, dsn: str, *, min_size: int = 1, max_size: int = 10, notify: bool = True) -> None:
         self.dsn = dsn
         self.location = redact_dsn(dsn)
         self._secrets = _passwords(dsn)
         self.min_size, self.max_size = min_size, max_size
+        self.notify = notify
+        create = f"INSERT INTO sessions ({self._COLS}) VALUES ($1,$2,$3,$4,$5::jsonb,$6::jsonb,$7,$8,$9,$10,$11)"
+        update = (f"UPDATE sessions SET last_seq=$2, updated_at={_NOW}, state=COALESCE($3, state), "
+                  "stop=COALESCE($4::jsonb, stop) WHERE session_id=$1")
+        if notify:  # one statement each; the NOTIFY is delivered exactly when the transaction commits
+            create = f"WITH i AS ({create} RETURNING session_id, last_seq) {_notify_events('i')}"
+            update = f"WITH u AS ({update} RETURNING session_id, last_seq) {_notify_events('u')}"
+        self._create_sql, self._update_sql = create, update
         self._pool: Any = None
         self._catch: tuple[type[BaseException], ...] = (OSError,)
 
@@ -267,7 +330,7 @@ class PostgresStore(Store):
         try:
             with self._guard("create_session"):
                 await pool.execute(
-                    f"INSERT INTO sessions ({self._COLS}) VALUES ($1,$2,$3,$4,$5::jsonb,$6::jsonb,$7,$8,$9,$10,$11)",
+                    self._create_sql,
                     record.session_id, record.state, record.goal, record.goal_version,
                     _j(record.stop) if record.stop is not None else None, _j(record.metadata), record.last_seq,
                     record.created_at, record.updated_at, record.lease_owner, record.lease_until)
@@ -334,10 +397,8 @@ class PostgresStore(Store):
                 [(x.session_id, x.call_id, x.tool, _j(x.arguments), x.idempotency_key, x.effect, x.status.value,
                   x.turn, _j(x.result) if x.result is not None else None, x.updated_at, x.schema_version)
                  for x in batch.ledger])
-        await con.execute(
-            f"UPDATE sessions SET last_seq=$2, updated_at={_NOW}, state=COALESCE($3, state), "
-            "stop=COALESCE($4::jsonb, stop) WHERE session_id=$1",
-            batch.session_id, last_seq, batch.state, _j(batch.stop) if batch.stop is not None else None)
+        await con.execute(self._update_sql, batch.session_id, last_seq, batch.state,
+                          _j(batch.stop) if batch.stop is not None else None)
 
     async def read_events(self, session_id: str, after_seq: int = 0, until_seq: int | None = None,
                           types: Sequence[str] | None = None) -> list[EventRecord]:
@@ -420,6 +481,136 @@ class PostgresStore(Store):
             return bool(await pool.fetchval(
                 "SELECT EXISTS (SELECT 1 FROM controls WHERE session_id=$1 AND kind = ANY($2::text[]))",
                 session_id, [k.value for k in kinds]))
+
+    async def claim_idempotency_key(self, session_id: str, key: str, value: dict[str, Any]
+                                    ) -> tuple[dict[str, Any], bool]:
+        pool = await self.pool()
+        if await self.get_session(session_id) is None:
+            raise KeyError(f"unknown session {session_id}")
+        with self._guard("claim_idempotency_key"):
+            stored = await pool.fetchval(
+                "INSERT INTO idempotency VALUES ($1,$2,$3::jsonb,extract(epoch from clock_timestamp())) "
+                "ON CONFLICT (session_id, key) DO NOTHING RETURNING 1", session_id, key, _j(value))
+            if stored:
+                return value, True
+            row = await pool.fetchval("SELECT value FROM idempotency WHERE session_id=$1 AND key=$2", session_id, key)
+        return _l(row), False
+
+    async def idempotency_records(self, session_id: str, prefix: str = "") -> dict[str, dict[str, Any]]:
+        pool = await self.pool()
+        with self._guard("idempotency_records"):
+            rows = await pool.fetch("SELECT key, value FROM idempotency WHERE session_id=$1 AND starts_with(key, $2) "
+                                    "ORDER BY ts", session_id, prefix)
+        return {r[0]: _l(r[1]) for r in rows}
+
+    # -- the run queue of fsm_agent.server.queue; clocks are the database's ------------------
+    async def enqueue_run(self, job_id: str, session_id: str, kind: str, payload: dict[str, Any],
+                          delay: float = 0.0) -> None:
+        """Queue a run, runnable in ``delay`` seconds, and wake workers (``NOTIFY fsm_queue``
+        with the job id) in the same transaction.
+
+        Raises:
+            StoreError: the database could not be written (a job id already queued: not transient).
+        """
+        pool = await self.pool()
+        with self._guard("enqueue_run"):
+            await pool.execute(
+                "WITH i AS (INSERT INTO run_queue (job_id, session_id, kind, payload, available_at, attempts, "
+                f"created_at) VALUES ($1,$2,$3,$4::jsonb,{_NOW} + $5,0,{_NOW}) RETURNING job_id) "
+                f"SELECT pg_notify('{QUEUE_CHANNEL}', job_id) FROM i", job_id, session_id, kind, _j(payload), delay)
+
+    async def claim_runs(self, owner: str, ttl: float, limit: int) -> list[QueuedRun]:
+        """Claim up to ``limit`` runnable jobs for ``owner`` for ``ttl`` seconds (``SELECT … FOR
+        UPDATE SKIP LOCKED``: two claimers never get the same job), oldest first.
+
+        Runnable: ``available_at`` has passed, no unexpired claim, and no other job of the same
+        session holds an unexpired claim (runs of one session go one at a time). Each claimed
+        job's ``attempts`` is counted up.
+        """
+        pool = await self.pool()
+        with self._guard("claim_runs"):
+            rows = await pool.fetch(
+                f"UPDATE run_queue q SET claimed_by=$1, claimed_until={_NOW} + $2, attempts=q.attempts + 1 "
+                "WHERE q.job_id IN (SELECT c.job_id FROM run_queue c "
+                f"  WHERE c.available_at <= {_NOW} AND (c.claimed_until IS NULL OR c.claimed_until < {_NOW}) "
+                "  AND NOT EXISTS (SELECT 1 FROM run_queue o WHERE o.session_id = c.session_id "
+                f"    AND o.job_id <> c.job_id AND o.claimed_until >= {_NOW}) "
+                "  ORDER BY c.available_at, c.created_at LIMIT $3 FOR UPDATE SKIP LOCKED) "
+                "RETURNING q.job_id, q.session_id, q.kind, q.payload, q.attempts, q.created_at",
+                owner, ttl, limit)
+        runs = [QueuedRun(r[0], r[1], r[2], _l(r[3]), r[4], r[5]) for r in rows]
+        return sorted(runs, key=lambda r: r.created_at)
+
+    async def renew_claims(self, owner: str, job_ids: Sequence[str], ttl: float) -> set[str]:
+        """Extend ``owner``'s claims of ``job_ids`` to ``ttl`` seconds from now; returns the ids
+        still claimed by ``owner`` (a claim that expired and was taken by another worker is lost)."""
+        if not job_ids:
+            return set()
+        pool = await self.pool()
+        with self._guard("renew_claims"):
+            rows = await pool.fetch(f"UPDATE run_queue SET claimed_until={_NOW} + $3 WHERE job_id = ANY($1::text[]) "
+                                    "AND claimed_by=$2 RETURNING job_id", list(job_ids), owner, ttl)
+        return {r[0] for r in rows}
+
+    async def finish_run(self, job_id: str, owner: str) -> None:
+        """Delete a job ``owner`` claimed (nothing when the claim went to another worker) and
+        announce its session on ``fsm_events`` so that event streams re-check whether it is busy."""
+        pool = await self.pool()
+        with self._guard("finish_run"):
+            await pool.execute(
+                "WITH d AS (DELETE FROM run_queue WHERE job_id=$1 AND claimed_by=$2 RETURNING session_id), "
+                "x AS (SELECT s.session_id, s.last_seq FROM d JOIN sessions s USING (session_id)) "
+                + _notify_events("x"), job_id, owner)
+
+    async def release_run(self, job_id: str, owner: str, delay: float, *, count_attempt: bool = True) -> None:
+        """Give back ``owner``'s claim of a job, runnable again in ``delay`` seconds (workers are
+        woken at once when ``delay`` <= 0). ``count_attempt=False``: the claim does not count
+        as an attempt (the job never ran: its session was busy)."""
+        pool = await self.pool()
+        with self._guard("release_run"):
+            await pool.execute(
+                f"WITH u AS (UPDATE run_queue SET claimed_by=NULL, claimed_until=NULL, available_at={_NOW} + $3, "
+                "attempts = attempts - CASE WHEN $4 THEN 0 ELSE 1 END WHERE job_id=$1 AND claimed_by=$2 "
+                f"RETURNING job_id) SELECT pg_notify('{QUEUE_CHANNEL}', job_id) FROM u WHERE $3 <= 0",
+                job_id, owner, delay, count_attempt)
+
+    async def run_pending(self, session_id: str) -> bool:
+        """Whether a job of ``session_id`` is queued, or a worker's lease of it has not expired."""
+        pool = await self.pool()
+        with self._guard("run_pending"):
+            return bool(await pool.fetchval(
+                "SELECT EXISTS (SELECT 1 FROM run_queue WHERE session_id=$1) OR "
+                f"EXISTS (SELECT 1 FROM sessions WHERE session_id=$1 AND lease_until > {_NOW})", session_id))
+
+    async def queued_runs(self, session_id: str | None = None) -> list[QueuedRun]:
+        """The jobs in the queue (of ``session_id``, or all), oldest first."""
+        pool = await self.pool()
+        with self._guard("queued_runs"):
+            rows = await pool.fetch(
+                "SELECT job_id, session_id, kind, payload, attempts, created_at FROM run_queue "
+                "WHERE $1::text IS NULL OR session_id=$1 ORDER BY created_at", session_id)
+        return [QueuedRun(r[0], r[1], r[2], _l(r[3]), r[4], r[5]) for r in rows]
+
+    async def notify_live(self, payloads: Sequence[str]) -> None:
+        """Send each of ``payloads`` (each under 8,000 bytes), in order, on ``fsm_live``; not stored."""
+        if not payloads:
+            return
+        pool = await self.pool()
+        with self._guard("notify_live"):
+            await pool.execute(f"SELECT pg_notify('{LIVE_CHANNEL}', p) FROM unnest($1::text[]) AS p", list(payloads))
+
+    async def connect(self) -> Any:
+        """A new asyncpg connection of its own, outside the pool (for ``LISTEN``); close it when done.
+
+        Raises:
+            StoreError: the server could not be reached.
+            ConfigurationError: see :meth:`pool`.
+        """
+        await self.pool()  # asyncpg present, DSN valid, schema migrated
+        import asyncpg
+
+        with self._guard("connect"):
+            return await asyncpg.connect(self.dsn)
 
     async def close(self) -> None:
         if self._pool is not None:
