@@ -218,6 +218,8 @@ class PostgresStore(Store):
             ``NOTIFY fsm_events, '<session id> <last seq>'`` from inside its transaction, so that a
             listener (:class:`fsm_agent.server.queue.QueueRunner`, on any host) hears of it exactly
             when the commit is visible. Session ids of 7,876 bytes and more are not announced.
+            PostgreSQL serializes the commits of notifying transactions (one lock, taken at
+            commit); ``False`` spares that where no server listens (a single-process embedding).
 
     Raises (from any method):
         StoreError: the server or the connection failed (see the module docstring).
