@@ -180,8 +180,7 @@ class Agent:
         installed: list[signal.Signals] = []
 
         def on_signal(sig: signal.Signals) -> None:
-            for driver in list(self._active):
-                driver.interrupt(f"received {sig.name}")
+            self.interrupt_all(f"received {sig.name}")
             loop.remove_signal_handler(sig)  # a second signal: the default behaviour
 
         try:
@@ -192,6 +191,15 @@ class Agent:
         finally:
             for sig in installed:
                 loop.remove_signal_handler(sig)
+
+    def interrupt_all(self, reason: str) -> int:
+        """Interrupt every run this agent drives in this process (as :meth:`drain_on_signals` does
+        on a signal): each ends INTERRUPTED, resumable, with ``reason`` in its detail. Returns how
+        many runs were interrupted."""
+        drivers = list(self._active)
+        for driver in drivers:
+            driver.interrupt(reason)
+        return len(drivers)
 
     async def run(
         self,

@@ -766,6 +766,37 @@ async def _control(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     return 0
 
 
+async def _serve(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    from .server.auth import Tenants, check_bind
+    from .server.serve import serve
+    from .server.worker import load_agent
+
+    if not 0 <= args.port <= 65535:
+        raise ConfigurationError(f"--port {args.port}: give 0 (any free port) to 65535")
+    tenants = Tenants.from_file(args.tokens) if args.tokens else Tenants.from_env()
+    check_bind(args.host, tenants)  # before any model server starts
+    store = await _checked_store(args.store)
+    try:
+        if args.agent:
+            agent = load_agent(args.agent)
+            agent.store = store
+            await serve(agent, host=args.host, port=args.port, tenants=tenants, cors_origins=args.cors_origin,
+                        local_runs=args.local_runs, out=err)
+            return 0
+        from .machine.context import RunConfig
+
+        settings = {"provider": "local", "base_url": None, "model": None, "tool_mode": None, "tools": [],
+                    "system": None, "middleware": [], "default_middleware": True, "policy": None,
+                    "approve_tools": [], "local_model": _local_model(None, "local")}
+        async with _AgentFactory(settings, None, err) as factory:
+            agent = factory.agent(store, RunConfig(), [])
+            await serve(agent, host=args.host, port=args.port, tenants=tenants, cors_origins=args.cors_origin,
+                        local_runs=args.local_runs, out=err)
+        return 0
+    finally:
+        await store.close()
+
+
 def _diagram(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from .diagrams import check_diagram, chains_of, default_diagram_path, render_machine, trace_of, write_diagram
 
@@ -875,7 +906,7 @@ def _build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fsm-agent", description="Run LLM agents as an explicit state machine.")
     p.add_argument("--version", action="version", version=f"fsm-agent {__version__}")
     sub = p.add_subparsers(dest="command", required=True,  # the metavar: a missing command names them all
-                           metavar="{run,resume,sessions,control,diagram,decode,middleware}")
+                           metavar="{run,resume,sessions,control,serve,worker,diagram,decode,middleware}")
 
     r = sub.add_parser("run", help="run one task to a stop reason")
     r.add_argument("task", help="what the agent should do")
@@ -974,6 +1005,26 @@ def _build_parser() -> argparse.ArgumentParser:
                     help="a response header given with --status (Retry-After, x-should-retry; repeatable)")
     dc.add_argument("input", nargs="?", default="-", help="file to read (default: stdin)")
 
+    sv = sub.add_parser("serve", help="serve sessions over HTTP: runs, a live event stream, approvals, the review page")
+    sv.add_argument("--agent", metavar="MODULE:ATTR",
+                    help="the Agent to serve (an Agent, or a callable returning one); default: the embedded model "
+                         "with the default plugins")
+    sv.add_argument("--host", default="127.0.0.1",
+                    help="address to listen on (default 127.0.0.1; any other needs tokens)")
+    sv.add_argument("--port", type=int, default=8000, help="port (default 8000; 0: any free port)")
+    sv.add_argument("--tokens", metavar="FILE",
+                    help="bearer tokens, one TENANT:TOKEN per line ($FSM_AGENT_TOKENS_FILE, or "
+                         "$FSM_AGENT_TOKENS=tenant:token,...); without tokens only loopback is served")
+    sv.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
+                    help="allow cross-origin calls from this origin (repeatable; default: CORS off)")
+    sv.add_argument("--local-runs", action="store_true",
+                    help="with a postgresql:// store: run in this process instead of queueing for `fsm-agent worker`")
+    _common(sv)
+
+    from .server.worker import add_worker_command
+
+    add_worker_command(sub)
+
     m = sub.add_parser("middleware", help="installed middleware plugins")
     ms = m.add_subparsers(dest="middleware_command", required=True, metavar="{list}")
     ms.add_parser("list")
@@ -995,6 +1046,10 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None, err: T
             return asyncio.run(_sessions(args, out, err))
         if args.command == "control":
             return asyncio.run(_control(args, out, err))
+        if args.command == "serve":
+            return asyncio.run(_serve(args, out, err))
+        if args.command == "worker":
+            return int(args.handler(args, out, err))
         if args.command == "diagram":
             return _diagram(args, out, err)
         if args.command == "decode":

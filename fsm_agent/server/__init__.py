@@ -5,7 +5,9 @@ hosts on PostgreSQL.
 * :func:`create_app` — the ``aiohttp.web`` app (:mod:`fsm_agent.server.app`);
 * :mod:`fsm_agent.server.sse` — the SSE wire format; :mod:`fsm_agent.server.notify` — wake-ups;
 * :mod:`fsm_agent.server.runs` — who drives runs (:class:`LocalRunner`, in process);
-* :mod:`fsm_agent.server.auth` — tenants, tokens, cookies, CSRF, CORS.
+* :mod:`fsm_agent.server.auth` — tenants, tokens, cookies, CSRF, CORS;
+* :mod:`fsm_agent.server.queue` and :mod:`fsm_agent.server.worker` — runs queued on PostgreSQL for
+  ``fsm-agent worker`` processes on many hosts (they need ``asyncpg``: imported on demand).
 
 ``docs/server.md`` describes the routes.
 """

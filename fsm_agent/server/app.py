@@ -48,10 +48,11 @@ from ..store.sessions import send_control
 from ..types.codec import unstructure
 from ..types.run import StopReason
 from .auth import (AUTH_COOKIE, CSRF_COOKIE, DEFAULT_TENANT, PUBLIC, Forbidden, Tenants, Unauthorized,
-                   authenticate, set_cookies)
+                   authenticate, check_same_origin, set_cookies)
 from .http import Problem, check_fields, json_body, json_response, opt_bool, opt_str, problems
 from .notify import LiveDeltas, Notifier, NotifyingStore
 from .openapi import openapi_document
+from .review import add_review_routes
 from .runs import DECISION_KEY, LocalRunner, RunRequest, Runner
 from .sse import ClientGone, SSEWriter, event_frame
 
@@ -74,10 +75,51 @@ _DECISION_KINDS = ("approve", "edit", "reject", "respond")
 _RESUMABLE = {r.value for r in StopReason if r.resumable}
 
 
+_LIMITS: dict[str, tuple[type, ...]] = {"max_iterations": (int,), "max_wall_clock": (int, float),
+                                       "max_tokens": (int,), "max_cost_usd": (int, float),
+                                       "max_output_tokens": (int,), "tool_timeout": (int, float)}
+"""The RunConfig fields a resume may raise, with the JSON types they take."""
+_MAX_SEQ = 2**63 - 1
+
+
+def _bad_char(c: str) -> bool:
+    return ord(c) < 0x20 or 0x7F <= ord(c) <= 0x9F or c == "/"
+
+
+def _check_id(value: str, what: str) -> str:
+    if not value or len(value) > 200 or any(_bad_char(c) for c in value):
+        raise Problem(400, "Wrong field", f"a {what} is 1 to 200 characters, without control characters or '/'")
+    return value
+
+
 def _check_sid(sid: str) -> str:
-    if not sid or len(sid) > 200 or any(c in sid for c in "\r\n\0/"):
-        raise Problem(400, "Wrong field", "a session id is 1 to 200 characters, without CR, LF, NUL or '/'")
-    return sid
+    return _check_id(sid, "session id")
+
+
+def _limits(data: dict[str, Any]) -> dict[str, Any]:
+    raw = data.get("limits")
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise Problem(400, "Wrong field", "'limits' must be an object of budgets to raise: "
+                                          + ", ".join(_LIMITS))
+    for key, value in raw.items():
+        types = _LIMITS.get(key)
+        if types is None:
+            raise Problem(400, "Wrong field", f"'limits.{key}' cannot be changed by a resume; "
+                                              f"raise one of: {', '.join(_LIMITS)}")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not isinstance(value, types) \
+                or not value > 0:
+            kind = "a positive integer" if types == (int,) else "a positive number"
+            raise Problem(400, "Wrong field", f"'limits.{key}' must be {kind}, not {value!r}")
+    return dict(raw)
+
+
+def _seq(raw: str, what: str) -> int:
+    raw = raw.strip()
+    if not raw.isascii() or not raw.isdigit() or int(raw) > _MAX_SEQ:
+        raise Problem(400, "Wrong field", f"{what} must be an event seq >= 0 (at most 2**63-1), not {raw[:40]!r}")
+    return int(raw)
 
 
 def _tenant_of(rec: SessionRecord) -> str:
@@ -103,6 +145,11 @@ class _Server:
             return self._preflight(request)
         if path in PUBLIC or path.startswith(("/review/", "/static/")):
             request[TENANT] = ""
+            if request.method == "POST":  # sign-in and sign-out: no login CSRF from another site
+                try:
+                    check_same_origin(request, self.cors_origins)
+                except Forbidden as e:
+                    raise Problem(403, "Forbidden", str(e)) from e
             return await handler(request)
         try:
             request[TENANT] = authenticate(request, self.tenants, self.cors_origins)
@@ -166,7 +213,7 @@ class _Server:
 
     async def create(self, request: web.Request, sid: str | None, task: str) -> SessionRecord:
         sid = _check_sid(sid) if sid is not None else uuid.uuid4().hex
-        rec = SessionRecord(sid, QUEUED, goal=task[:2000], metadata={"tenant": request[TENANT]})
+        rec = SessionRecord(sid, QUEUED, goal=task[:2000], metadata={"tenant": request[TENANT], "task": task})
         try:
             await self.store.create_session(rec)
         except SessionExistsError as e:
@@ -189,9 +236,7 @@ class _Server:
         data = await json_body(request)
         check_fields(data, {"task", "limits", "confirm_cancel"})
         task = opt_str(data, "task")
-        limits = data.get("limits") or {}
-        if not isinstance(limits, dict):
-            raise Problem(400, "Wrong field", "'limits' must be an object of RunConfig fields")
+        limits = _limits(data)
         confirm = opt_bool(data, "confirm_cancel")
         rec = await self.store.get_session(sid)
         if rec is None or _tenant_of(rec) != request[TENANT]:
@@ -210,7 +255,7 @@ class _Server:
                                                 "interrupt it or wait for it to stop")
         try:
             attrs.evolve(self.agent.config, **limits)
-        except (TypeError, ValueError, ConfigurationError) as e:
+        except (TypeError, ValueError, ConfigurationError) as e:  # RunConfig's own checks
             raise Problem(400, "Wrong field", f"'limits': {e}") from e
         try:
             await self.agent.check_resume(sid)
@@ -258,10 +303,8 @@ class _Server:
         unknown = sorted(set(q) - {"state", "limit"})
         if unknown:
             raise Problem(400, "Unknown field", f"unknown query parameter(s) {', '.join(unknown)}; allowed: limit, state")
-        try:
-            limit = int(q.get("limit", "50"))
-        except ValueError as e:
-            raise Problem(400, "Wrong field", "limit must be an integer") from e
+        raw = q.get("limit", "50")
+        limit = int(raw) if raw.isascii() and raw.isdigit() and len(raw) < 6 else 0
         if not 1 <= limit <= 1000:
             raise Problem(400, "Wrong field", "limit must be between 1 and 1000")
         state = q.get("state")
@@ -273,15 +316,9 @@ class _Server:
     @staticmethod
     def _after(request: web.Request) -> int:
         raw = request.headers.get("Last-Event-ID")
-        if raw is None or raw.strip() == "":
-            raw = request.query.get("after", "0")
-        try:
-            after = int(raw)
-        except ValueError as e:
-            raise Problem(400, "Wrong field", f"Last-Event-ID / after must be an event seq, not {raw[:40]!r}") from e
-        if after < 0:
-            raise Problem(400, "Wrong field", "Last-Event-ID / after must be >= 0")
-        return after
+        if raw is not None and raw.strip() != "":
+            return _seq(raw, "Last-Event-ID")
+        return _seq(request.query.get("after", "0"), "after")
 
     async def join(self, request: web.Request) -> web.StreamResponse:
         after = self._after(request)
@@ -309,6 +346,7 @@ class _Server:
                         continue
                     await writer.write(event_frame(ev))
                     last, last_type = ev.seq, ev.type
+                notifier.observe(sid, last)
                 for frame in sub.take_live(last):
                     await writer.write(frame)
                 if last_type == TERMINAL_EVENT and not await self.runner.busy(sid):
@@ -383,9 +421,7 @@ class _Server:
 
     async def decide(self, request: web.Request) -> web.Response:
         rec = await self.session_of(request)
-        sid, call_id = rec.session_id, request.match_info["call_id"]
-        if not call_id or len(call_id) > 200:
-            raise Problem(400, "Wrong field", "a call id is 1 to 200 characters")
+        sid, call_id = rec.session_id, _check_id(request.match_info["call_id"], "call id")
         data = await json_body(request)
         decision = self._decision(data)
         value = {"call_id": call_id, "decision": unstructure(decision)}
@@ -432,6 +468,11 @@ class _Server:
         message = data.get("message", "")
         if not isinstance(message, str) or len(message) > 100_000:
             raise Problem(400, "Wrong field", "'message' must be a string (at most 100,000 characters)")
+        is_error = opt_bool(data, "is_error")
+        if "is_error" in data and kind != "respond":
+            raise Problem(400, "Wrong field", f"'is_error' belongs to a respond, not a {kind}")
+        if message and kind in ("approve", "edit"):
+            raise Problem(400, "Wrong field", f"'message' belongs to a reject or a respond, not a {kind}")
         if kind == "edit":
             args = data.get("arguments")
             if not isinstance(args, dict):
@@ -445,7 +486,7 @@ class _Server:
             return Decision.reject(message or "rejected by a person")
         if not message:
             raise Problem(400, "Missing field", "a respond needs 'message': the result the model is given")
-        return Decision.respond(message, is_error=opt_bool(data, "is_error"))
+        return Decision.respond(message, is_error=is_error)
 
     # -- diagram, health, OpenAPI ----------------------------------------------------------
     async def diagram(self, request: web.Request) -> web.Response:
@@ -558,12 +599,7 @@ def create_app(
     r.add_post("/sessions/{sid}/control", srv.control)
     r.add_post("/sessions/{sid}/approvals/{call_id}", srv.decide)
     r.add_get("/sessions/{sid}/diagram", srv.diagram)
-    try:
-        from .review import add_review_routes
-    except ImportError:  # the page is not built yet in this tree
-        pass
-    else:
-        add_review_routes(app)
+    add_review_routes(app)
     app.on_response_prepare.append(srv.on_prepare)
     app.on_startup.append(on_startup)
     app.on_cleanup.append(on_cleanup)

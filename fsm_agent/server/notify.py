@@ -90,6 +90,13 @@ class Notifier:
         for sub in subs:
             sub.wake.set()
 
+    def observe(self, session_id: str, seq: int) -> None:
+        """Record that the log of a watched session has reached ``seq`` (a stream read it), without
+        waking anyone: a live delta produced now follows ``seq`` (a subscriber that joined after
+        the last commit still gets the deltas of the answer in progress)."""
+        if session_id in self._subs and seq > self._last_seq.get(session_id, -1):
+            self._last_seq[session_id] = seq
+
     def publish_live(self, session_id: str, frame: bytes, basis: int | None = None) -> None:
         """Queue a live frame (no id) for every subscriber of ``session_id`` and wake them.
 
@@ -104,6 +111,10 @@ class Notifier:
         for sub in subs:
             sub.live.append((b, frame))
             sub.wake.set()
+
+    def sessions(self) -> list[str]:
+        """The sessions that have at least one subscriber."""
+        return list(self._subs)
 
     def subscribers(self, session_id: str) -> int:
         """How many streams watch ``session_id``."""

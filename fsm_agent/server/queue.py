@@ -268,16 +268,13 @@ class QueueRunner(Runner):
 
     def _on_connect(self, reconnected: bool) -> None:
         if reconnected:
-            for sid in _watched(self.notifier):
+            for sid in self.notifier.sessions():
                 self.notifier.notify(sid)
 
     def __repr__(self) -> str:
         return f"QueueRunner({self.store!r})"
 
 
-def _watched(notifier: Notifier) -> list[str]:
-    """The sessions ``notifier`` has subscribers for."""
-    return list(notifier._subs)
 
 
 class _LiveSink(Notifier):

@@ -34,16 +34,20 @@ __all__ = ["DECISION_KEY", "Busy", "LocalRunner", "RunRequest", "Runner", "execu
 
 log = logging.getLogger("fsm_agent.server")
 
+_STOPS = frozenset(r.value for r in StopReason)
+
 DECISION_KEY = "decision:"
 """Prefix of the idempotency key under which a decision is stored: ``decision:<call id>``."""
 
 
 @frozen
 class RunRequest:
-    """A run to carry out: the first run of a QUEUED session (``start``), or a resume."""
+    """A run to carry out: the first run of a QUEUED session (``start``), a resume, or the
+    recovery of a session whose worker died mid-run (``recover``: a resume only while the session
+    is still in a phase, never of a session that stopped)."""
 
     session_id: str
-    kind: Literal["start", "resume"]
+    kind: Literal["start", "resume", "recover"]
     task: str | None = None
     """For ``start``: the task (user message)."""
     limits: dict[str, Any] = field(factory=dict)
@@ -64,7 +68,7 @@ async def stored_decisions(store: Store, session_id: str, stop: Mapping[str, Any
     out: dict[str, Decision] = {}
     for rec in records.values():
         cid = rec.get("call_id")
-        if cid in pending:
+        if isinstance(cid, str) and cid in pending:
             out[cid] = structure(rec["decision"], Decision)
     return out
 
@@ -86,12 +90,17 @@ async def execute(agent: Agent, request: RunRequest) -> RunResult | None:
         log.warning("run request for unknown session %s dropped", sid)
         return None
     result: RunResult | None = None
-    # A start whose session already left QUEUED was started by a worker that died (or is a
-    # duplicate): it is resumed instead, which recovers it once the lease has expired.
-    first_resume = request.kind == "resume" or rec.state != QUEUED
+    kind = request.kind
+    if kind == "start" and rec.state != QUEUED:
+        # started already: by a worker that died (recover it once its lease expired), or a duplicate
+        kind = "recover"
+    if kind == "recover" and rec.state in _STOPS:
+        return None  # it stopped (its worker was alive after all): a stop is resumed only when asked
+    first_resume = kind != "start"
     if not first_resume:
         try:
-            result = await agent.run(request.task or rec.goal, session_id=sid)
+            task = request.task or str(rec.metadata.get("task") or rec.goal)
+            result = await agent.run(task, session_id=sid)
         except ResumeError as e:
             raise Busy(str(e)) from e
     limits, confirm = dict(request.limits), request.confirm_cancel
@@ -162,6 +171,19 @@ class LocalRunner(Runner):
         self.retry_busy = retry_busy
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._next: dict[str, list[RunRequest]] = {}
+
+    async def start(self) -> None:
+        """Pick up what a previous server process left: sessions still ``QUEUED``, sessions left
+        in a phase (that process died mid-run: each is recovered once its lease expires), and
+        WAITING_HUMAN sessions whose stored decisions were never applied."""
+        for rec in await self.agent.store.list_sessions(100_000):
+            if rec.state == QUEUED:
+                await self.submit(RunRequest(rec.session_id, "start"))
+            elif rec.state not in _STOPS:
+                await self.submit(RunRequest(rec.session_id, "recover"))
+            elif rec.state == StopReason.WAITING_HUMAN.value and await stored_decisions(
+                    self.agent.store, rec.session_id, rec.stop):
+                await self.submit(RunRequest(rec.session_id, "resume"))
 
     async def submit(self, request: RunRequest) -> None:
         sid = request.session_id

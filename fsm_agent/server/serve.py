@@ -45,15 +45,15 @@ async def serve(agent: Agent, *, host: str = "127.0.0.1", port: int = 8000, tena
     """
     tenants = tenants if tenants is not None else Tenants.from_env()
     check_bind(host, tenants)
-    runner_factory = None
     from ..store.postgres import PostgresStore
 
-    if isinstance(agent.store, PostgresStore) and not local_runs:
+    queued = isinstance(agent.store, PostgresStore) and not local_runs
+
+    def runner_factory(a: Agent, store: Any) -> Any:
         from .queue import QueueRunner
 
-        def runner_factory(a: Agent, store: Any) -> Any:
-            return QueueRunner(store.inner, store.notifier)
-    app = create_app(agent, runner=runner_factory, tenants=tenants, cors_origins=cors_origins)
+        return QueueRunner(store.inner, store.notifier)
+    app = create_app(agent, runner=runner_factory if queued else None, tenants=tenants, cors_origins=cors_origins)
     runner = web.AppRunner(app, handle_signals=False, access_log=None, shutdown_timeout=2.0)
     await runner.setup()
     try:
@@ -62,7 +62,7 @@ async def serve(agent: Agent, *, host: str = "127.0.0.1", port: int = 8000, tena
         bound = runner.addresses[0] if runner.addresses else (host, port)
         url = f"http://{host if ':' not in host else f'[{host}]'}:{bound[1]}"
         if out is not None:
-            mode = "runs queued for `fsm-agent worker`" if runner_factory is not None else "runs in this process"
+            mode = "runs queued for `fsm-agent worker`" if queued else "runs in this process"
             auth = f"{len(tenants.tokens)} token(s)" if tenants.enabled else "no tokens (loopback only)"
             out.write(f"fsm-agent: serving on {url} ({mode}; {auth}); review page: {url}/review/SESSION_ID; "
                       "Ctrl-C stops\n")

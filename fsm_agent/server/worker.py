@@ -29,6 +29,7 @@ import logging
 import os
 import signal
 import sys
+import uuid
 from typing import Any, TextIO
 
 from ..agent import Agent
@@ -36,7 +37,7 @@ from ..errors import ConfigurationError, StoreError
 from ..hooks import HookBus
 from ..store.base import Store
 from ..store.postgres import QUEUE_CHANNEL, PostgresStore, QueuedRun
-from ..types.codec import structure
+from ..types.codec import structure, unstructure
 from ..types.run import RunResult, StopReason
 from .queue import PgListener, PgLiveDeltas, postgres_of
 from .runs import Busy, RunRequest, execute
@@ -170,8 +171,7 @@ class Worker:
 
     def interrupt_runs(self) -> None:
         """Interrupt every run this worker's agent drives in this process (see :meth:`stop`)."""
-        for driver in list(self.agent._active):
-            driver.interrupt(f"{STOP_REASON} ({self.worker_id})")
+        self.agent.interrupt_all(f"{STOP_REASON} ({self.worker_id})")
 
     def cancel_runs(self) -> None:
         """Cancel the tasks of the runs in progress (each records INTERRUPTED and its job goes back
@@ -255,14 +255,25 @@ class Worker:
                 await self._give_back(job, delay)
             return
         if self._stopping and _cut_by_stop(result):
-            await self._give_back(job, 0.0, count_attempt=False)  # another worker continues it
+            # another worker continues it: a resume of this interrupt (a plain retry of the job would
+            # find the session stopped INTERRUPTED, which is resumed only when someone asks)
+            await self._hand_over(job)
         else:
             await self._finish(job)
 
-    async def _finish(self, job: QueuedRun) -> None:
+    async def _hand_over(self, job: QueuedRun) -> None:
+        try:
+            request = RunRequest(job.session_id, "resume")
+            await self.pg.enqueue_run(uuid.uuid4().hex, job.session_id, request.kind, unstructure(request))
+        except (StoreError, OSError) as exc:
+            log.warning("worker %s: could not hand session %s over (%s); it stays INTERRUPTED, resumable",
+                        self.worker_id, job.session_id, exc)
+        await self._finish(job, count=False)
+
+    async def _finish(self, job: QueuedRun, *, count: bool = True) -> None:
         try:
             await self.pg.finish_run(job.job_id, self.worker_id)
-            self.completed += 1
+            self.completed += count
         except (StoreError, OSError) as exc:  # the claim expires; the job runs again (harmless: execute checks)
             log.warning("worker %s: could not delete finished job %s: %s", self.worker_id, job.job_id, exc)
 

@@ -481,8 +481,6 @@ async def test_a_bearer_post_needs_no_csrf_header(tmp_path) -> None:
         await srv.close()
 
 
-@pytest.mark.xfail(strict=True, reason="BUG login CSRF: /auth/login is in PUBLIC, so the auth middleware never "
-                                       "applies check_same_origin to it (fsm_agent/server/app.py, _Server.auth)")
 async def test_a_cross_site_login_is_refused(tmp_path) -> None:
     """Signing a browser in is a state change: a page on another site must not sign the victim in as the
     attacker (login CSRF), which the module's own rule (a POST without a bearer that the browser labels

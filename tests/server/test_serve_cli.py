@@ -1,0 +1,103 @@
+"""`fsm-agent serve` as a user starts it: a real process on a free port, an approval round trip over
+HTTP, a clean stop on SIGTERM; it refuses a non-loopback address without tokens."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import json
+import urllib.error
+import urllib.request
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def call(url: str, method: str = "GET", body: object = None, headers: dict[str, str] | None = None
+         ) -> tuple[int, bytes]:
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, method=method,
+                                 headers={"Content-Type": "application/json", **(headers or {})})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def start(tmp_path: Path, *extra: str, env: dict[str, str] | None = None) -> tuple[subprocess.Popen[str], str]:
+    cmd = [sys.executable, "-m", "fsm_agent.cli", "serve", "--agent", "tests.server.serve_agent:make",
+           "--port", "0", "--store", str(tmp_path / "s.db"), *extra]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
+                            env={**os.environ, "FSM_TEST_SENT": str(tmp_path / "sent.txt"), **(env or {})})
+    assert proc.stderr is not None
+    deadline = time.monotonic() + 30
+    line = ""
+    while time.monotonic() < deadline:
+        line = proc.stderr.readline()
+        m = re.search(r"serving on (http://\S+) ", line)
+        if m:
+            return proc, m.group(1)
+        if proc.poll() is not None:
+            break
+    proc.kill()
+    proc.wait()
+    rest = proc.stderr.read()
+    proc.stderr.close()
+    raise AssertionError(f"serve did not start: {line}{rest}")
+
+
+def stop(proc: subprocess.Popen[str]) -> None:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        assert proc.wait(15) == 0
+    finally:
+        if proc.stderr is not None:
+            proc.stderr.close()
+
+
+def test_serve_runs_an_approval_round_trip_and_stops_on_sigterm(tmp_path: Path) -> None:
+    proc, url = start(tmp_path)
+    try:
+        assert call(url + "/healthz") == (200, b'{"status":"ok"}')
+        assert json.loads(call(url + "/openapi.json")[1])["openapi"].startswith("3.1")
+        assert call(url + "/sessions", "POST", {"task": "mail a", "session_id": "s1"})[0] == 201
+        snap: dict = {}
+        for _ in range(200):
+            snap = json.loads(call(url + "/sessions/s1")[1])
+            if snap["state"] == "WAITING_HUMAN" and not snap["running"]:
+                break
+            time.sleep(0.05)
+        assert snap["pending_approvals"][0]["call"]["id"] == "c0"
+        assert call(url + "/sessions/s1/approvals/c0", "POST", {"decision": "approve"})[0] == 202
+        status, body = call(url + f"/sessions/s1/events?after={snap['last_seq']}")  # closes after the stop
+        assert status == 200 and b"event: run_stopped" in body and b'"reason":"COMPLETED"' in body
+        assert (tmp_path / "sent.txt").read_text() == "a@x\n"
+    finally:
+        stop(proc)
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "192.0.2.1"])
+def test_serve_refuses_a_non_loopback_address_without_tokens(tmp_path: Path, host: str) -> None:
+    r = subprocess.run([sys.executable, "-m", "fsm_agent.cli", "serve", "--agent", "tests.server.serve_agent:make",
+                        "--host", host, "--store", str(tmp_path / "s.db")], cwd=ROOT, capture_output=True,
+                       text=True, timeout=60, env={k: v for k, v in os.environ.items() if not k.startswith("FSM_AGENT_TOK")})
+    assert r.returncode == 2 and f"refusing to listen on {host} without tokens" in r.stderr
+
+
+def test_serve_with_tokens_needs_a_bearer_token(tmp_path: Path) -> None:
+    tokens = tmp_path / "tokens"
+    tokens.write_text("# tenant:token\nacme:tok-acme-0123456789abcdef\n")
+    proc, url = start(tmp_path, "--tokens", str(tokens))
+    try:
+        assert call(url + "/sessions")[0] == 401
+        assert call(url + "/sessions", headers={"Authorization": "Bearer tok-acme-0123456789abcdef"}) == \
+            (200, b'{"sessions":[]}')
+    finally:
+        stop(proc)
