@@ -14,7 +14,6 @@ the store, so each runs on a server of its own.
 from __future__ import annotations
 
 import asyncio
-import sqlite3
 import time
 import urllib.parse
 from pathlib import Path
@@ -27,15 +26,14 @@ import pytest_asyncio
 from aiohttp import ClientError, DummyCookieJar
 from aiohttp.test_utils import TestClient, TestServer
 
-from fsm_agent import ScriptedProvider, tool
 from fsm_agent.agent import Agent
-from fsm_agent.providers import tool_call_response
 from fsm_agent.server import create_app
 from fsm_agent.server.app import RUNNER_KEY
 from fsm_agent.server.auth import Tenants
 from fsm_agent.store import SQLiteStore
-from fsm_agent.types import ToolUseBlock
-from fsm_agent_middleware.approval import HumanApproval
+
+from . import common
+from .common import RAN, dump
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -46,30 +44,8 @@ MAX_BODY = 4096
 TABLES = ("sessions", "events", "checkpoints", "ledger", "controls", "idempotency")
 LONG_ID = "x" * 201
 
-RAN: list[str] = []
-
-
-@tool(effect="side_effect")
-async def send_mail(to: str) -> str:
-    """Send a mail."""
-    RAN.append(to)
-    return f"sent to {to}"
-
-
 def agent(store: Any) -> Agent:
-    script: list[Any] = [tool_call_response(ToolUseBlock("c0", "send_mail", {"to": "a0@x"})), "done"]
-    return Agent(ScriptedProvider(script, repeat_last=True), tools=[send_mail],
-                 middleware=[HumanApproval(["send_mail"], allowed_decisions=["approve", "reject", "edit"])],
-                 store=store)
-
-
-def dump(db: Path) -> dict[str, list[tuple[Any, ...]]]:
-    """Every row of every table (bytes of the log payloads included), read with a connection of its own."""
-    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-    try:
-        return {t: sorted(con.execute(f"SELECT * FROM {t}").fetchall(), key=repr) for t in TABLES}  # noqa: S608
-    finally:
-        con.close()
+    return common.approval_agent(store, allowed=["approve", "reject", "edit"], repeat_last=True)
 
 
 @attrs.define

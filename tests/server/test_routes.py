@@ -9,38 +9,18 @@ import time
 from typing import Any
 
 import orjson
-import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from fsm_agent import ScriptedProvider, tool
+from fsm_agent import ScriptedProvider
 from fsm_agent.agent import Agent
-from fsm_agent.providers import tool_call_response
 from fsm_agent.server import create_app
 from fsm_agent.store import SQLiteStore
-from fsm_agent.types import ToolUseBlock
-from fsm_agent_middleware.approval import HumanApproval
 
-RAN: list[str] = []
+from . import common
+from .common import RAN
 
-
-@tool(effect="side_effect")
-async def send_mail(to: str) -> str:
-    """Send a mail."""
-    RAN.append(to)
-    return f"sent to {to}"
-
-
-@pytest.fixture(autouse=True)
-def _ran():
-    RAN.clear()
-    yield
-    RAN.clear()
-
-
-def approval_agent(store: Any, calls: int = 1, text: str = "done") -> Agent:
-    script: list[Any] = [tool_call_response(*[ToolUseBlock(f"c{i}", "send_mail", {"to": f"a{i}@x"})
-                                              for i in range(calls)]), text]
-    return Agent(ScriptedProvider(script), tools=[send_mail], middleware=[HumanApproval(["send_mail"])], store=store)
+def approval_agent(store: Any, calls: int = 1) -> Agent:
+    return common.approval_agent(store, calls)
 
 
 async def serve(tmp_path: Any, factory: Any = approval_agent, **kw: Any) -> tuple[TestClient, Any]:
@@ -202,8 +182,6 @@ def frames_of(body: bytes) -> list[dict[str, Any]]:
 
 
 async def test_runs_stream_sends_the_new_run_with_live_deltas_before_their_message(tmp_path) -> None:
-    from fsm_agent.providers import text_response  # noqa: F401 - scripted text is streamed in chunks
-
     def factory(store: Any) -> Agent:
         return Agent(ScriptedProvider(["The capital of France is Paris."]), store=store)
 

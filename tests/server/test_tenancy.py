@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import sqlite3
 import time
 from pathlib import Path
 from typing import Any
@@ -29,18 +28,18 @@ from aiohttp import DummyCookieJar
 from aiohttp.test_utils import TestClient, TestServer
 from providers.test_error_secrets import KEYS, assert_nowhere, echoing
 
-from fsm_agent import ScriptedProvider, tool
 from fsm_agent.agent import Agent
 from fsm_agent.errors import ConfigurationError
-from fsm_agent.providers import ProviderConfig, RetryPolicy, create_provider, tool_call_response
+from fsm_agent.providers import ProviderConfig, RetryPolicy, create_provider
 from fsm_agent.providers.errors import REDACTED
 from fsm_agent.server import create_app
 from fsm_agent.server.app import RUNNER_KEY
 from fsm_agent.server.auth import AUTH_COOKIE, CSRF_COOKIE, CSRF_HEADER, Tenants, check_bind
 from fsm_agent.store import SQLiteStore
 from fsm_agent.testing import ReplayServer
-from fsm_agent.types import ToolUseBlock
-from fsm_agent_middleware.approval import HumanApproval
+
+from . import common
+from .common import RAN, dump
 
 ALICE_TOKEN = "tok-aaaaaaaaaaaaaaaaaaaa"
 BOB_TOKEN = "tok-bbbbbbbbbbbbbbbbbbbb"
@@ -51,30 +50,10 @@ WAIT, DONE, NONE = "s-wait", "s-done", "s-none"
 """Alice's WAITING_HUMAN session, her COMPLETED session, and an id no one has."""
 GOAL_WAIT, GOAL_DONE = "mail the quarterly figures", "say hello politely"
 EVIL = "https://evil.example"
-TABLES = ("sessions", "events", "checkpoints", "ledger", "controls", "idempotency")
-
-RAN: list[str] = []
-
-
-@tool(effect="side_effect")
-async def send_mail(to: str) -> str:
-    """Send a mail."""
-    RAN.append(to)
-    return f"sent to {to}"
-
-
-@pytest.fixture(autouse=True)
-def _ran():
-    RAN.clear()
-    yield
-    RAN.clear()
-
 
 def approval_agent(store: Any) -> Agent:
     """The first model call asks for ``send_mail`` (held for approval); every later one answers text."""
-    script: list[Any] = [tool_call_response(ToolUseBlock("c0", "send_mail", {"to": "a0@x"})), "done"]
-    return Agent(ScriptedProvider(script, repeat_last=True), tools=[send_mail],
-                 middleware=[HumanApproval(["send_mail"])], store=store)
+    return common.approval_agent(store, repeat_last=True)
 
 
 class Srv:
@@ -126,15 +105,6 @@ async def alice_sessions(srv: Srv) -> None:
     r = await srv.client.post("/sessions", json={"task": "bob's own", "session_id": "bob-own"}, headers=BOB)
     assert r.status == 201, await r.text()
     await wait_state(srv, "bob-own", "COMPLETED", BOB)
-
-
-def dump(db: Path) -> dict[str, list[tuple[Any, ...]]]:
-    """Every row of every table, read with a connection of its own."""
-    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-    try:
-        return {t: sorted(con.execute(f"SELECT * FROM {t}").fetchall(), key=repr) for t in TABLES}  # noqa: S608
-    finally:
-        con.close()
 
 
 async def settle(srv: Srv, *sids: str) -> None:
