@@ -46,6 +46,7 @@ from ..hooks import HookBus
 from ..store.base import QUEUED, ControlKind, SessionRecord, Store
 from ..store.sessions import send_control
 from ..types.codec import unstructure
+from ..machine.phases import Phase
 from ..types.run import StopReason
 from .auth import (AUTH_COOKIE, CSRF_COOKIE, DEFAULT_TENANT, PUBLIC, Forbidden, Tenants, Unauthorized,
                    authenticate, check_same_origin, set_cookies)
@@ -53,7 +54,7 @@ from .http import Problem, check_fields, json_body, json_response, opt_bool, opt
 from .notify import LiveDeltas, Notifier, NotifyingStore
 from .openapi import openapi_document
 from .review import add_review_routes
-from .runs import DECISION_KEY, LocalRunner, RunRequest, Runner
+from .runs import LocalRunner, RunRequest, Runner, decision_key, decision_rounds, stored_decisions
 from .sse import ClientGone, SSEWriter, event_frame
 
 __all__ = ["AGENT_KEY", "RUNNER_KEY", "STORE_KEY", "Notifier", "NotifyingStore", "create_app"]
@@ -73,6 +74,7 @@ _CONTROL_KINDS = {"interrupt": ControlKind.INTERRUPT, "cancel": ControlKind.CANC
                   "followup": ControlKind.FOLLOWUP}
 _DECISION_KINDS = ("approve", "edit", "reject", "respond")
 _RESUMABLE = {r.value for r in StopReason if r.resumable}
+_STATES = frozenset({QUEUED} | {p.value for p in Phase} | {r.value for r in StopReason})
 
 
 _LIMITS: dict[str, tuple[type, ...]] = {"max_iterations": (int,), "max_wall_clock": (int, float),
@@ -261,6 +263,16 @@ class _Server:
             await self.agent.check_resume(sid)
         except ResumeError as e:
             raise Problem(409, "Cannot resume", str(e)) from e
+        if rec.state == StopReason.WAITING_HUMAN.value and not limits and not confirm \
+                and not await stored_decisions(self.store, rec) and not await self.store.peek_controls(
+                    sid, [ControlKind.STEER, ControlKind.FOLLOWUP, ControlKind.CANCEL]):
+            stop = rec.stop or {}
+            pending = [p["call"]["id"] for p in stop.get("pending_actions") or ()]
+            what = (f"decisions on the pending tool call(s) {', '.join(pending)}: POST "
+                    f"/sessions/{sid}/approvals/CALL_ID" if pending else str(stop.get("required_decision") or
+                                                                               "a decision"))
+            raise Problem(409, "Nothing to resume with", f"session {sid} waits for {what}; a resume without it "
+                                                          "would stop at once")
         await self.runner.submit(RunRequest(sid, "resume", limits=dict(limits), confirm_cancel=confirm))
         return sid, rec.last_seq
 
@@ -308,6 +320,8 @@ class _Server:
         if not 1 <= limit <= 1000:
             raise Problem(400, "Wrong field", "limit must be between 1 and 1000")
         state = q.get("state")
+        if state is not None and state not in _STATES:
+            raise Problem(400, "Wrong field", f"state must be one of {', '.join(sorted(_STATES))}, not {state[:40]!r}")
         recs = [r for r in await self.store.list_sessions(10_000)
                 if _tenant_of(r) == request[TENANT] and (state is None or r.state == state)][:limit]
         return json_response({"sessions": [await self.snapshot(r, usage=False) for r in recs]})
@@ -323,6 +337,9 @@ class _Server:
     async def join(self, request: web.Request) -> web.StreamResponse:
         after = self._after(request)
         rec = await self.session_of(request)
+        if after > rec.last_seq:
+            raise Problem(400, "Wrong field", f"event {after} is past the end of session {rec.session_id}'s log "
+                                              f"(last seq {rec.last_seq}): the id comes from another session or store")
         return await self.stream(request, rec.session_id, after)
 
     async def stream(self, request: web.Request, sid: str, after: int,
@@ -347,14 +364,16 @@ class _Server:
                     await writer.write(event_frame(ev))
                     last, last_type = ev.seq, ev.type
                 notifier.observe(sid, last)
-                for frame in sub.take_live(last):
-                    await writer.write(frame)
                 if last_type == TERMINAL_EVENT and not await self.runner.busy(sid):
                     # a run may have been queued after the stop was read: check the log once more
                     if not await store.read_events(sid, after_seq=last, until_seq=last + 1):
-                        await writer.close()
+                        await writer.close()  # the terminal event is the last frame
                         break
                     continue
+                live = sub.take_live(last)
+                if last_type != TERMINAL_EVENT:  # after a stop, live frames of the ended run are stale
+                    for frame in live:
+                        await writer.write(frame)
                 try:
                     async with asyncio.timeout(self.heartbeat):
                         await sub.wake.wait()
@@ -425,8 +444,11 @@ class _Server:
         data = await json_body(request)
         decision = self._decision(data)
         value = {"call_id": call_id, "decision": unstructure(decision)}
-        key = DECISION_KEY + call_id
         describe = f"tool call {call_id!r}"
+        # A decision answers the question pending now about the call: round n, where n decisions of
+        # it were consumed by resumes. A repeat before it is consumed replays the first outcome.
+        round_ = (await decision_rounds(self.store, sid)).get(call_id, 0)
+        key = decision_key(call_id, round_)
         replay = await self._idempotent(request, sid, key, value, describe)
         if replay is not None:
             return replay
@@ -434,11 +456,16 @@ class _Server:
             if rec.state == StopReason.WAITING_HUMAN.value else {}
         p = pending.get(call_id)
         if p is None:
+            if round_ > 0:  # a repeat after the decision was applied: the first outcome, nothing runs again
+                replay = await self._idempotent(request, sid, decision_key(call_id, round_ - 1), value, describe)
+                if replay is not None:
+                    return replay
             if rec.state == StopReason.WAITING_HUMAN.value:
                 raise Problem(404, "Not pending", f"no pending tool call {call_id!r} in session {sid} "
                                                   f"(pending: {', '.join(pending) or 'none'})")
             raise Problem(409, "Not waiting", f"session {sid} is {rec.state}, not WAITING_HUMAN: tool call {call_id!r} "
-                                              "is not waiting for a decision")
+                                              "is not waiting for a decision (decisions are taken while the "
+                                              "session waits; watch its events for the stop)")
         allowed = tuple(p.get("allowed_decisions") or _DECISION_KINDS)
         if decision.kind not in allowed:
             raise Problem(409, "Decision not allowed", f"tool call {call_id!r} allows {', '.join(allowed)}, "
@@ -450,7 +477,8 @@ class _Server:
                     t.validate(decision.arguments or {})
                 except ToolArgumentsError as e:
                     raise Problem(400, "Wrong field", f"'arguments': {e}") from e
-        outcome = {"session_id": sid, "call_id": call_id, "decision": decision.kind, "status": "accepted"}
+        outcome = {"session_id": sid, "call_id": call_id, "decision": decision.kind, "status": "accepted",
+                   "reason": p.get("reason") or "", "round": round_}
         stored, first = await self.store.claim_idempotency_key(sid, key, {"request": value, "outcome": outcome,
                                                                           "call_id": call_id,
                                                                           "decision": value["decision"]})

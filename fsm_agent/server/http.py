@@ -88,8 +88,10 @@ def opt_str(data: dict[str, Any], key: str, *, required: bool = False, max_len: 
         if required:
             raise Problem(400, "Missing field", f"{key!r} is required")
         return None
-    if not isinstance(v, str) or not v:
+    if not isinstance(v, str):
         raise Problem(400, "Wrong field", f"{key!r} must be a non-empty string, not {type(v).__name__}")
+    if not v:
+        raise Problem(400, "Wrong field", f"{key!r} must not be empty")
     if len(v) > max_len:
         raise Problem(400, "Wrong field", f"{key!r} is longer than {max_len} characters")
     return v

@@ -20,7 +20,7 @@ from typing import Any
 import orjson
 
 from ..store.base import Checkpoint, ControlKind, ControlRecord, EventRecord, LedgerEntry, SessionRecord, Store, WriteBatch
-from ..types.events import ModelStreamEvent
+from ..types.events import ModelStreamEvent, TransitionEvent
 from ..types.stream import RefusalDelta, TextDelta, ThinkingDelta, ToolCallArgumentsDelta
 from .sse import encode_frame
 
@@ -192,13 +192,25 @@ class NotifyingStore(Store):
 
 
 class LiveDeltas:
-    """An observer (:mod:`fsm_agent.hooks`) that publishes each text, thinking, refusal and
-    tool-call-arguments delta of a model call as a live ``delta`` SSE frame (no ``id``):
-    ``data: {"turn": int, "kind": "text"|"thinking"|"refusal"|"tool_call", "text": str, "index": int|null}``.
+    """An observer (:mod:`fsm_agent.hooks`) that publishes live-only SSE frames (no ``id``, never
+    stored), so a watcher sees what the log will say before the next safe point commits it:
+
+    * ``event: delta``, each text, thinking, refusal and tool-call-arguments delta of a model call:
+      ``{"turn": int, "kind": "text"|"thinking"|"refusal"|"tool_call", "text": str, "index": int|null}``;
+    * ``event: state``, each move of the machine as it happens: ``{"turn", "from", "trigger", "to"}``
+      (the ``transition`` event with its seq follows when the move is committed).
+
     Other stream events are not sent. Never blocks the run."""
 
     def __init__(self, notifier: Notifier) -> None:
         self.notifier = notifier
+
+    def on_transition(self, event: TransitionEvent) -> None:
+        if not self.notifier.subscribers(event.session_id):
+            return
+        frame = encode_frame(orjson.dumps({"turn": event.turn, "from": event.from_state, "trigger": event.trigger,
+                                           "to": event.to_state}), event="state")
+        self.notifier.publish_live(event.session_id, frame)
 
     def on_model_event(self, event: ModelStreamEvent) -> None:
         if not self.notifier.subscribers(event.session_id):

@@ -4,11 +4,10 @@ the in-process :class:`LocalRunner`, and :func:`execute`, which carries out one 
 :mod:`fsm_agent.server.queue` on another host).
 
 Decisions are not carried in requests: the approval route stores each one under the idempotency
-key ``decision:<call id>`` (:meth:`~fsm_agent.store.base.Store.claim_idempotency_key`), and
-:func:`execute` reads the stored decisions for the calls pending when it resumes. A decision that
-arrives while the session is still running is therefore applied by the run that follows: after a
-run stops WAITING_HUMAN, :func:`execute` resumes again at once when stored decisions answer calls
-now pending.
+key ``decision:<call id>#<round>`` (:meth:`~fsm_agent.store.base.Store.claim_idempotency_key`),
+and :func:`execute` reads the stored decisions for the calls pending when it resumes. Several
+decisions posted for one stop are all applied: after a run stops WAITING_HUMAN, :func:`execute`
+resumes again at once when stored decisions answer calls still pending.
 """
 
 from __future__ import annotations
@@ -17,7 +16,6 @@ import abc
 import asyncio
 import contextlib
 import logging
-from collections.abc import Mapping
 from typing import Any, Literal
 
 from attrs import field, frozen
@@ -25,19 +23,24 @@ from attrs import field, frozen
 from ..agent import Agent
 from ..control import Decision
 from ..errors import ResumeError
-from ..store.base import QUEUED, Store
+from ..store.base import QUEUED, SessionRecord, Store
 from ..types.codec import structure
 from ..types.run import RunResult, StopReason
 from .notify import Notifier
 
-__all__ = ["DECISION_KEY", "Busy", "LocalRunner", "RunRequest", "Runner", "execute", "stored_decisions"]
+__all__ = ["DECISION_KEY", "SERVER_STOPPING", "Busy", "LocalRunner", "RunRequest", "Runner", "decision_key", "decision_rounds",
+           "execute", "stored_decisions"]
 
 log = logging.getLogger("fsm_agent.server")
 
 _STOPS = frozenset(r.value for r in StopReason)
 
+SERVER_STOPPING = "server stopping"
+"""The detail of a run a stopping server interrupted (:meth:`LocalRunner.close`)."""
+
 DECISION_KEY = "decision:"
-"""Prefix of the idempotency key under which a decision is stored: ``decision:<call id>``."""
+"""Prefix of the idempotency key under which a decision is stored: ``decision:<call id>#<round>``
+(:func:`decision_key`)."""
 
 
 @frozen
@@ -59,17 +62,42 @@ class Busy(Exception):
     """The session is driven by another worker now; try the request again later."""
 
 
-async def stored_decisions(store: Store, session_id: str, stop: Mapping[str, Any] | None) -> dict[str, Decision]:
-    """The stored decisions that answer a call pending in ``stop`` (the session's RunStop), by call id."""
-    pending = {p["call"]["id"] for p in (stop or {}).get("pending_actions") or ()}
+async def decision_rounds(store: Store, session_id: str) -> dict[str, int]:
+    """How many times each call's decision has been consumed by a resume (the ``resume`` events
+    of the log), by call id. A call's decisions are numbered by round: the question pending now is
+    round ``decision_rounds(...).get(call_id, 0)``."""
+    rounds: dict[str, int] = {}
+    for ev in await store.read_events(session_id, types=("resume",)):
+        for cid in ev.payload.get("decisions") or {}:
+            rounds[cid] = rounds.get(cid, 0) + 1
+    return rounds
+
+
+def decision_key(call_id: str, round_: int) -> str:
+    """The idempotency key of the decision on round ``round_`` of ``call_id``'s question."""
+    return f"{DECISION_KEY}{call_id}#{round_}"
+
+
+async def stored_decisions(store: Store, rec: SessionRecord) -> dict[str, Decision]:
+    """The stored, not yet consumed decisions that answer the calls pending in a WAITING_HUMAN
+    session, by call id (none for a session in any other state).
+
+    A decision answers one round of a call's question: once a resume consumed it, a later question
+    about the same call (e.g. "the outcome is unknown after a crash: run it again?") is a new round
+    that only a new decision answers. An approval is never replayed onto a different question.
+    """
+    if rec.state != StopReason.WAITING_HUMAN.value:
+        return {}
+    pending = [p["call"]["id"] for p in (rec.stop or {}).get("pending_actions") or ()]
     if not pending:
         return {}
-    records = await store.idempotency_records(session_id, DECISION_KEY)
+    rounds = await decision_rounds(store, rec.session_id)
+    records = await store.idempotency_records(rec.session_id, DECISION_KEY)
     out: dict[str, Decision] = {}
-    for rec in records.values():
-        cid = rec.get("call_id")
-        if isinstance(cid, str) and cid in pending:
-            out[cid] = structure(rec["decision"], Decision)
+    for cid in pending:
+        stored = records.get(decision_key(cid, rounds.get(cid, 0)))
+        if stored is not None:
+            out[cid] = structure(stored["decision"], Decision)
     return out
 
 
@@ -108,7 +136,7 @@ async def execute(agent: Agent, request: RunRequest) -> RunResult | None:
         rec = await store.get_session(sid)
         if rec is None:
             return result
-        decisions = await stored_decisions(store, sid, rec.stop)
+        decisions = await stored_decisions(store, rec)
         waiting = rec.state == StopReason.WAITING_HUMAN.value
         if not first_resume and not (waiting and decisions):
             return result
@@ -174,15 +202,17 @@ class LocalRunner(Runner):
 
     async def start(self) -> None:
         """Pick up what a previous server process left: sessions still ``QUEUED``, sessions left
-        in a phase (that process died mid-run: each is recovered once its lease expires), and
-        WAITING_HUMAN sessions whose stored decisions were never applied."""
+        in a phase (that process died mid-run: each is recovered once its lease expires), sessions
+        it interrupted when it stopped, and WAITING_HUMAN sessions whose stored decisions were
+        never applied."""
         for rec in await self.agent.store.list_sessions(100_000):
             if rec.state == QUEUED:
                 await self.submit(RunRequest(rec.session_id, "start"))
             elif rec.state not in _STOPS:
                 await self.submit(RunRequest(rec.session_id, "recover"))
-            elif rec.state == StopReason.WAITING_HUMAN.value and await stored_decisions(
-                    self.agent.store, rec.session_id, rec.stop):
+            elif await stored_decisions(self.agent.store, rec) or (
+                    rec.state == StopReason.INTERRUPTED.value
+                    and str((rec.stop or {}).get("detail", "")).startswith(SERVER_STOPPING)):
                 await self.submit(RunRequest(rec.session_id, "resume"))
 
     async def submit(self, request: RunRequest) -> None:
@@ -215,11 +245,19 @@ class LocalRunner(Runner):
             if self.notifier is not None:
                 self.notifier.notify(sid)
 
-    async def close(self) -> None:
+    async def close(self, grace: float = 5.0) -> None:
+        """Interrupt the runs in progress (each ends INTERRUPTED, resumable, with the detail
+        ``server stopping``: the next :meth:`start` resumes them), wait up to ``grace`` seconds
+        for them to stop, then cancel what is left."""
+        self._next.clear()
         tasks = list(self._tasks.values())
-        for t in tasks:
+        if not tasks:
+            return
+        self.agent.interrupt_all(SERVER_STOPPING)
+        _done, left = await asyncio.wait(tasks, timeout=grace)
+        for t in left:
             t.cancel()
-        for t in tasks:
+        for t in left:
             with contextlib.suppress(BaseException):
                 await t
 

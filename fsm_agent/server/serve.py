@@ -80,5 +80,9 @@ async def serve(agent: Agent, *, host: str = "127.0.0.1", port: int = 8000, tena
             for sig in (signal.SIGTERM, signal.SIGINT):
                 with contextlib.suppress(NotImplementedError, RuntimeError):
                     loop.remove_signal_handler(sig)
+        if out is not None:
+            out.write("fsm-agent: stopping; runs in progress end INTERRUPTED and are resumed when the server "
+                      "starts again\n" if not queued else "fsm-agent: stopping (queued runs stay queued for workers)\n")
+            out.flush()
     finally:
         await runner.cleanup()  # runs in progress end INTERRUPTED (resumable)

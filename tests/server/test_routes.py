@@ -50,7 +50,8 @@ async def test_approve_runs_the_tool_once_and_a_repeat_returns_the_first_outcome
         r1 = await client.post("/sessions/s/approvals/c0", json={"decision": "approve"})
         assert r1.status == 202, await r1.text()
         first = await r1.json()
-        assert first == {"session_id": "s", "call_id": "c0", "decision": "approve", "status": "accepted"}
+        assert first == {"session_id": "s", "call_id": "c0", "decision": "approve", "status": "accepted",
+                         "reason": "tool 'send_mail' needs human approval", "round": 0}
         done = await wait_state(client, "s", "COMPLETED")
         assert RAN == ["a0@x"] and done["pending_approvals"] == []
         r2 = await client.post("/sessions/s/approvals/c0", json={"decision": "approve"})
@@ -201,5 +202,47 @@ async def test_runs_stream_sends_the_new_run_with_live_deltas_before_their_messa
                       and orjson.loads(f["data"])["payload"]["message"].get("role") == "assistant")
         assert text == "The capital of France is Paris." and max(deltas) < answer
         assert frames[-1]["event"] == b"run_stopped"
+    finally:
+        await client.close()
+
+
+async def test_a_resume_with_nothing_to_resume_with_is_refused_and_changes_nothing(tmp_path) -> None:
+    client, store = await serve(tmp_path)
+    try:
+        await client.post("/sessions", json={"task": "mail", "session_id": "s"})
+        snap = await wait_state(client, "s", "WAITING_HUMAN")
+        r = await client.post("/sessions/s/runs", json={})
+        doc = await r.json()
+        assert r.status == 409 and "c0" in doc["detail"] and "/approvals/" in doc["detail"]
+        assert (await store.get_session("s")).last_seq == snap["last_seq"]
+        r = await client.get("/sessions", params={"state": "waiting_human"})
+        assert r.status == 400 and "WAITING_HUMAN" in (await r.json())["detail"]
+        r = await client.get("/sessions/s/events", headers={"Last-Event-ID": str(snap["last_seq"] + 5)})
+        assert r.status == 400 and "past the end" in (await r.json())["detail"]
+    finally:
+        await client.close()
+
+
+async def test_live_state_frames_show_each_move_before_its_transition_is_committed(tmp_path) -> None:
+    def factory(store: Any) -> Agent:
+        return Agent(ScriptedProvider(["The capital of France is Paris."], stream_delay=0.01, chunk_chars=4),
+                     store=store)
+
+    client, store = await serve(tmp_path, factory)
+    try:
+        r = await client.post("/sessions/s/runs/stream", json={"task": "capital?"})
+        frames = frames_of(await asyncio.wait_for(r.read(), 10))
+        kinds = [(f["event"], "id" in f) for f in frames]
+        states = [orjson.loads(f["data"])["to"] for f in frames if f["event"] == b"state"]
+        assert all(not has_id for ev, has_id in kinds if ev in (b"state", b"delta"))
+        assert "Model" in states  # the move into Model is seen while the answer streams
+        first_delta = next(i for i, f in enumerate(frames) if f["event"] == b"delta")
+        model_state = next(i for i, f in enumerate(frames) if f["event"] == b"state"
+                           and orjson.loads(f["data"])["to"] == "Model")
+        logged_move = next(i for i, f in enumerate(frames) if f["event"] == b"transition"
+                           and orjson.loads(f["data"])["payload"]["to"] == "Model")
+        assert model_state < first_delta < logged_move
+        assert frames[-1]["event"] == b"run_stopped"
+        assert [int(f["id"]) for f in frames if "id" in f] == [e.seq for e in await store.read_events("s")]
     finally:
         await client.close()

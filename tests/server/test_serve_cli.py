@@ -101,3 +101,75 @@ def test_serve_with_tokens_needs_a_bearer_token(tmp_path: Path) -> None:
             (200, b'{"sessions":[]}')
     finally:
         stop(proc)
+
+
+def wait_snapshot(url: str, sid: str, check, timeout: float = 30.0) -> dict:
+    deadline = time.monotonic() + timeout
+    snap: dict = {}
+    while time.monotonic() < deadline:
+        status, body = call(url + f"/sessions/{sid}")
+        if status == 200:
+            snap = json.loads(body)
+            if check(snap):
+                return snap
+        time.sleep(0.05)
+    raise AssertionError(f"{sid}: condition not reached; last snapshot {snap}")
+
+
+def test_a_server_killed_mid_tool_does_not_run_the_approved_side_effect_again(tmp_path: Path) -> None:
+    """SIGKILL of `serve` while an approved side-effect tool runs; the restarted server recovers the
+    session once the lease expires. The old approval is not replayed onto the new question ("the
+    outcome is unknown: run it again?"): the tool ran once, a person is asked, and answers it."""
+    env = {"FSM_TEST_TOOL_SLEEP": "30", "FSM_TEST_LEASE_TTL": "1.5"}
+    sent = tmp_path / "sent.txt"
+    proc, url = start(tmp_path, env=env)
+    try:
+        assert call(url + "/sessions", "POST", {"task": "mail a", "session_id": "k"})[0] == 201
+        wait_snapshot(url, "k", lambda s: s["state"] == "WAITING_HUMAN" and not s["running"])
+        assert call(url + "/sessions/k/approvals/c0", "POST", {"decision": "approve"})[0] == 202
+        deadline = time.monotonic() + 20
+        while not (sent.exists() and sent.read_text()) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert sent.read_text() == "a@x\n"  # the tool is running now
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stderr.close()
+    proc, url = start(tmp_path, env={"FSM_TEST_TOOL_SLEEP": "0", "FSM_TEST_LEASE_TTL": "1.5"})
+    try:
+        snap = wait_snapshot(url, "k", lambda s: s["state"] == "WAITING_HUMAN" and not s["running"]
+                             and s["pending_approvals"] and s["pending_approvals"][0]["reason"] == "unknown_outcome")
+        assert sent.read_text() == "a@x\n"  # not run again on recovery
+        # the old approval, sent again, is a decision on the new question: the person must choose
+        # deliberately; here a person answers that the mail went out
+        status, body = call(url + "/sessions/k/approvals/c0", "POST", {"decision": "respond", "message": "it was sent"})
+        assert status == 202, body
+        assert json.loads(body)["round"] == 1
+        done = wait_snapshot(url, "k", lambda s: s["state"] == "COMPLETED" and not s["running"])
+        assert done["stop"]["reason"] == "COMPLETED"
+        assert sent.read_text() == "a@x\n"  # exactly one execution in all
+    finally:
+        stop(proc)
+
+
+def test_a_server_stopped_with_sigterm_resumes_its_interrupted_runs_when_it_starts_again(tmp_path: Path) -> None:
+    sent = tmp_path / "sent.txt"
+    proc, url = start(tmp_path, env={"FSM_TEST_TOOL_SLEEP": "30"})
+    try:
+        assert call(url + "/sessions", "POST", {"task": "mail a", "session_id": "t"})[0] == 201
+        wait_snapshot(url, "t", lambda s: s["state"] == "WAITING_HUMAN" and not s["running"])
+        assert call(url + "/sessions/t/approvals/c0", "POST", {"decision": "approve"})[0] == 202
+        deadline = time.monotonic() + 20
+        while not (sent.exists() and sent.read_text()) and time.monotonic() < deadline:
+            time.sleep(0.02)
+    finally:
+        stop(proc)  # SIGTERM mid-tool: exit 0
+    proc, url = start(tmp_path, env={"FSM_TEST_TOOL_SLEEP": "0"})
+    try:
+        done = wait_snapshot(url, "t", lambda s: s["state"] == "COMPLETED" and not s["running"])
+        assert done["stop"]["reason"] == "COMPLETED"
+        status, body = call(url + "/sessions/t/events")
+        assert b"server stopping" in body and b'"resume"' in body
+        assert sent.read_text() == "a@x\n"  # the interrupted call's outcome is unknown: never run again silently
+    finally:
+        stop(proc)

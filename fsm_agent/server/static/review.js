@@ -20,7 +20,7 @@
     'session_started', 'message', 'transition', 'model_call', 'model_call_interrupted', 'model_retry',
     'tool_call', 'control', 'control_dropped', 'resume', 'recovered', 'turn', 'run_stopped', 'warning',
     'budget_warning', 'cost_update', 'goal_changed', 'output_invalid', 'compensated', 'approval_requested',
-    'tool_started', 'tool_finished', 'error', 'delta',
+    'tool_started', 'tool_finished', 'error', 'delta', 'state',
   ];
   const REDRAW_ON = new Set(['transition', 'run_stopped', 'recovered']);
   const MAX_EVENTS = 5000;
@@ -587,6 +587,12 @@
 
   // ---- the event stream ------------------------------------------------------------------------
   function onSSE(e) {
+    if (e.type === 'state') {  // live only (no id): the machine moved; its transition event follows when committed
+      let d = null;
+      try { d = JSON.parse(e.data); } catch (_) { return; }
+      if (d && typeof d.to === 'string') setState(d.to);
+      return;
+    }
     if (e.type === 'delta') {
       let d = null;
       try { d = JSON.parse(e.data); } catch (_) { return; }
