@@ -139,6 +139,7 @@ def test_a_server_killed_mid_tool_does_not_run_the_approved_side_effect_again(tm
     try:
         snap = wait_snapshot(url, "k", lambda s: s["state"] == "WAITING_HUMAN" and not s["running"]
                              and s["pending_approvals"] and s["pending_approvals"][0]["reason"] == "unknown_outcome")
+        assert snap["pending_approvals"][0]["allowed_decisions"] == ["approve", "reject", "respond"]
         assert sent.read_text() == "a@x\n"  # not run again on recovery
         # the old approval, sent again, is a decision on the new question: the person must choose
         # deliberately; here a person answers that the mail went out
