@@ -51,7 +51,7 @@ from ..types.run import StopReason
 from .auth import (AUTH_COOKIE, CSRF_COOKIE, DEFAULT_TENANT, PUBLIC, Forbidden, Tenants, Unauthorized,
                    authenticate, check_same_origin, set_cookies)
 from .http import Problem, check_fields, json_body, json_response, opt_bool, opt_str, problems
-from .notify import LiveDeltas, Notifier, NotifyingStore
+from .notify import LiveDeltas, Notifier, NotifyingStore, Subscription
 from .openapi import openapi_document
 from .review import add_review_routes
 from .runs import LocalRunner, RunRequest, Runner, decision_key, decision_rounds, stored_decisions
@@ -137,6 +137,15 @@ class _Server:
         self.agent, self.store, self.runner, self.tenants = agent, store, runner, tenants
         self.cors_origins = cors_origins
         self.heartbeat, self.send_timeout, self.retry_ms = heartbeat, send_timeout, retry_ms
+        self.closing = False
+        self.streams: set[Subscription] = set()
+
+    async def on_shutdown(self, app: web.Application) -> None:
+        """End every open event stream at once (a client reconnects to the next server with its
+        Last-Event-ID): a graceful stop does not wait on them."""
+        self.closing = True
+        for sub in list(self.streams):
+            sub.wake.set()
 
     # -- auth, CORS ------------------------------------------------------------------------
     @web.middleware
@@ -346,7 +355,11 @@ class _Server:
                      headers: dict[str, str] | None = None) -> web.StreamResponse:
         """Replay the log after ``after``, then tail it live (see the module docstring)."""
         store, notifier = self.store, self.store.notifier
+        if self.closing:
+            raise Problem(503, "Server stopping", "the server is stopping; reconnect with Last-Event-ID",
+                          {"Retry-After": "1"})
         sub = notifier.subscribe(sid)  # subscribe first, then read the log: no gap
+        self.streams.add(sub)
         writer = SSEWriter(request, retry_ms=self.retry_ms, send_timeout=self.send_timeout,
                            heartbeat=self.heartbeat, headers=headers)
         try:
@@ -374,6 +387,9 @@ class _Server:
                 if last_type != TERMINAL_EVENT:  # after a stop, live frames of the ended run are stale
                     for frame in live:
                         await writer.write(frame)
+                if self.closing:
+                    await writer.close()
+                    break
                 try:
                     async with asyncio.timeout(self.heartbeat):
                         await sub.wake.wait()
@@ -382,6 +398,7 @@ class _Server:
         except ClientGone:
             pass
         finally:
+            self.streams.discard(sub)
             notifier.unsubscribe(sub)
         return writer.response
 
@@ -630,5 +647,6 @@ def create_app(
     add_review_routes(app)
     app.on_response_prepare.append(srv.on_prepare)
     app.on_startup.append(on_startup)
+    app.on_shutdown.append(srv.on_shutdown)
     app.on_cleanup.append(on_cleanup)
     return app

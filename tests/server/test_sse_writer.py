@@ -71,7 +71,8 @@ async def test_a_write_that_never_completes_drops_the_client_after_the_send_time
             await asyncio.sleep(3600)
 
     aborted: list[bool] = []
-    transport = SimpleNamespace(abort=lambda: aborted.append(True), get_extra_info=lambda name: None)
+    transport = SimpleNamespace(abort=lambda: aborted.append(True), get_extra_info=lambda name: None,
+                                get_write_buffer_size=lambda: 1 << 20)  # the client reads nothing: the buffer is full
     w = SSEWriter(SimpleNamespace(transport=transport, path="/x"), send_timeout=0.1)  # type: ignore[arg-type]
     w.response = Stuck()  # type: ignore[assignment]
     t0 = time.monotonic()
