@@ -199,6 +199,9 @@ class StreamClient:
         got = 0
         n_frames = 0
         try:
+            if resp.status == 503:  # the server is stopping: it says to come back (Retry-After)
+                self.stats["server_stopping_503"] += 1
+                return "error"
             assert resp.status == 200, (resp.status, await resp.text())
             while True:
                 if cut is not None:
