@@ -33,7 +33,7 @@ from attrs import evolve
 
 from .chain import MiddlewareChain
 from .control import Cancel, Decision, Followup, Interrupt, LoopControl, Steer
-from .errors import ChainError, ResumeError, SessionExistsError
+from .errors import ChainError, ResumeError, SessionBusyError, SessionExistsError
 from .hooks import HookBus
 from .machine.config import RunConfig
 from .machine.context import RunContext
@@ -242,7 +242,7 @@ class Agent:
             if metadata:
                 await self.store.update_metadata(ctx.session_id, dict(metadata))
         if not await self.store.acquire_lease(ctx.session_id, self.worker_id, self.lease_ttl):
-            raise ResumeError(f"session {ctx.session_id} is leased by another worker")
+            raise SessionBusyError(f"session {ctx.session_id} is leased by another worker")
         journal = Journal(self.store, ctx.session_id, 1, self.worker_id)
         journal.record("session_started", {"goal": goal, "config": unstructure(cfg)})
         for m in messages:
@@ -256,7 +256,7 @@ class Agent:
         Raises:
             ResumeError: unknown session; it ended COMPLETED, FAILED_TERMINAL or CANCELLED; a decision
                 for a call that is not pending, or of a kind that call does not allow; another worker
-                holds its lease.
+                holds its lease, or this agent is driving it already.
         """
         loaded = await load_session(self.store, session_id)
         if loaded is None:
@@ -268,8 +268,11 @@ class Agent:
                               "INTERRUPTED and FAILED_RETRYABLE sessions can be resumed")
         if decisions:
             _check_decisions(rec.stop, decisions)
+        if any(d.ctx.session_id == session_id for d in self._active):
+            raise SessionBusyError(f"session {session_id} is being driven by this agent in this process "
+                              "(its run has not stopped yet); interrupt it or wait")
         if rec.lease_owner is not None and rec.lease_owner != self.worker_id and (rec.lease_until or 0) > time.time():
-            raise ResumeError(f"session {session_id} is being driven by worker {rec.lease_owner} "
+            raise SessionBusyError(f"session {session_id} is being driven by worker {rec.lease_owner} "
                               f"(lease until {time.ctime(rec.lease_until or 0)}); interrupt it or wait")
         return loaded
 
@@ -301,7 +304,7 @@ class Agent:
         if not await self.store.acquire_lease(session_id, self.worker_id, self.lease_ttl):
             fresh = await self.store.get_session(session_id)
             owner = fresh.lease_owner if fresh is not None else None
-            raise ResumeError(f"session {session_id} was just taken by worker {owner or 'another worker'}; "
+            raise SessionBusyError(f"session {session_id} was just taken by worker {owner or 'another worker'}; "
                               "interrupt it or wait")
         try:
             ctx, journal, first, reason = await self._resume_context(loaded, decisions, confirm_cancel, limits)

@@ -130,6 +130,11 @@ class ResumeError(UserError):
     """The session cannot be resumed (it ended COMPLETED, FAILED_TERMINAL or CANCELLED, or is unknown)."""
 
 
+class SessionBusyError(ResumeError):
+    """The session is being driven now (another worker holds its lease, or this agent drives it
+    in this process): it can be resumed once that run stops. Try again later, or interrupt it."""
+
+
 class SessionExistsError(UserError, KeyError):
     """A new run was given the id of a session that already exists.
 

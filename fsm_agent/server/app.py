@@ -355,9 +355,14 @@ class _Server:
                      headers: dict[str, str] | None = None) -> web.StreamResponse:
         """Replay the log after ``after``, then tail it live (see the module docstring)."""
         store, notifier = self.store, self.store.notifier
-        if self.closing:
-            raise Problem(503, "Server stopping", "the server is stopping; reconnect with Last-Event-ID",
-                          {"Retry-After": "1"})
+        if self.closing:  # 200 with `retry:` and an end: a browser's EventSource reconnects (a 503 would end it)
+            writer = SSEWriter(request, retry_ms=self.retry_ms, send_timeout=self.send_timeout, headers=headers)
+            try:
+                await writer.prepare()
+                await writer.close()
+            except ClientGone:
+                pass
+            return writer.response
         sub = notifier.subscribe(sid)  # subscribe first, then read the log: no gap
         self.streams.add(sub)
         writer = SSEWriter(request, retry_ms=self.retry_ms, send_timeout=self.send_timeout,

@@ -22,7 +22,7 @@ from attrs import field, frozen
 
 from ..agent import Agent
 from ..control import Decision
-from ..errors import ResumeError
+from ..errors import ResumeError, SessionBusyError
 from ..store.base import QUEUED, SessionRecord, Store
 from ..types.codec import structure
 from ..types.run import RunResult, StopReason
@@ -129,7 +129,7 @@ async def execute(agent: Agent, request: RunRequest) -> RunResult | None:
         try:
             task = request.task or str(rec.metadata.get("task") or rec.goal)
             result = await agent.run(task, session_id=sid)
-        except ResumeError as e:
+        except SessionBusyError as e:
             raise Busy(str(e)) from e
     limits, confirm = dict(request.limits), request.confirm_cancel
     while True:
@@ -145,14 +145,14 @@ async def execute(agent: Agent, request: RunRequest) -> RunResult | None:
         first_resume = False
         try:
             await agent.check_resume(sid, decisions)
+        except SessionBusyError as e:
+            raise Busy(str(e)) from e
         except ResumeError as e:
-            if rec.lease_owner is not None and rec.lease_owner != agent.worker_id and "being driven" in str(e):
-                raise Busy(str(e)) from e
             log.info("resume of %s not possible: %s", sid, e)
             return result
         try:
             result = await agent.resume(sid, decisions=decisions, confirm_cancel=confirm, **limits)
-        except ResumeError as e:
+        except SessionBusyError as e:
             raise Busy(str(e)) from e
         limits, confirm = {}, False
 

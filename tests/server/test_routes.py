@@ -9,6 +9,7 @@ import time
 from typing import Any
 
 import orjson
+import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from fsm_agent import ScriptedProvider
@@ -246,3 +247,34 @@ async def test_live_state_frames_show_each_move_before_its_transition_is_committ
         assert [int(f["id"]) for f in frames if "id" in f] == [e.seq for e in await store.read_events("s")]
     finally:
         await client.close()
+
+
+async def test_an_agent_does_not_drive_a_session_it_is_driving_already(tmp_path) -> None:
+    """A resume of a session this very agent is driving in this process is refused as busy (it
+    used to pass, the lease owner being the agent itself, and two drivers fought over the log)."""
+    from fsm_agent import SessionBusyError
+
+    store = SQLiteStore(tmp_path / "s.db")
+    gate = asyncio.Event()
+
+    class Gated(ScriptedProvider):
+        async def chat_stream(self, request: Any) -> Any:  # type: ignore[override]
+            await gate.wait()
+            async for ev in super().chat_stream(request):
+                yield ev
+
+    agent = Agent(Gated(["done"]), store=store)
+    run = asyncio.ensure_future(agent.run("go", session_id="s"))
+    try:
+        for _ in range(200):
+            if (await store.get_session("s")) is not None and agent._active:
+                break
+            await asyncio.sleep(0.01)
+        with pytest.raises(SessionBusyError):
+            await agent.check_resume("s")
+        gate.set()
+        result = await asyncio.wait_for(run, 10)
+        assert result.stop.reason.value == "COMPLETED"
+    finally:
+        gate.set()
+        await store.close()
