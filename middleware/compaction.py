@@ -979,7 +979,7 @@ STEER_PREFIX = "New direction from the user:"
 def _clauses(text: str) -> list[str]:
     out = []
     for line in text.split("\n"):
-        for clause in re.split(r";\s*", line):
+        for clause in re.split(r";\s*|(?<=[.!?])\s+(?=[A-Z])", line):
             item = _BULLET.sub("", clause, count=1).strip().rstrip(".").strip()
             if item and len(item) <= 300 and _PROHIBITION.search(item):
                 out.append(item)
@@ -991,7 +991,7 @@ def extract_essentials(messages: Sequence[Message], goal_version: int | None = N
     """The default must-keep items of a context (the plugin's ``essentials`` option replaces it):
 
     * goal: the first line of the first user message;
-    * prohibitions: each clause (split at line ends and ``;``, bullet and ``Constraints:``-like
+    * prohibitions: each clause (split at line ends, sentence ends and ``;``, bullet and ``Constraints:``-like
       label removed) that starts with never / do not / don't / must not, or says something is
       forbidden / not allowed / prohibited, in a system message, the first user message, a Steer
       (``New direction from the user: ...``) or an earlier summary;
@@ -1554,9 +1554,10 @@ class Compaction(Middleware):
         tokens = self._counter(ctx, st)
         if "mid_turn" in self.triggers:
             hidden, done = _current(transcript, records)
+            local_levels = ("L3",) if "L3" in levels else ("L1",) if "L1" in levels else ()
             local = self._local(ctx, st, hidden | {i for i, e in done.items() if e.kind in ("artifact", "preview")})
-            if local:
-                outcome = await compact(transcript, records, target=None, levels=("L3",) if "L3" in levels else ("L1",),
+            if local and local_levels:
+                outcome = await compact(transcript, records, target=None, levels=local_levels,
                                         essentials=essentials, options=options, tokens=tokens, indices=local,
                                         fallback=False)
                 self._report(ctx, st, outcome, "mid_turn")
