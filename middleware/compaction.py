@@ -467,19 +467,19 @@ def view_spans(transcript: Sequence[Message], records: Sequence[CompactionRecord
     out: list[tuple[Message, int, int]] = []
     i = 0
     while i < n:
-        r = summaries.get(i)
-        if r is not None:
-            out.extend((transcript[j], j, j) for j in range(r.first, r.last + 1)
+        s = summaries.get(i)
+        if s is not None:
+            out.extend((transcript[j], j, j) for j in range(s.first, s.last + 1)
                        if isinstance(transcript[j], SystemMessage))
-            out.append((UserMessage(r.summary or ""), r.first, r.last))
-            i = r.last + 1
+            out.append((UserMessage(s.summary or ""), s.first, s.last))
+            i = s.last + 1
             continue
         m = transcript[i]
-        e = edits.get(i)
-        if e is not None:
-            if not isinstance(m, ToolResultMessage) or m.tool_call_id != e.call_id:
-                raise ValueError(f"edit of m{i} names tool result {e.call_id!r}, but m{i} is not that result")
-            m = _edited(m, e)
+        edit = edits.get(i)
+        if edit is not None:
+            if not isinstance(m, ToolResultMessage) or m.tool_call_id != edit.call_id:
+                raise ValueError(f"edit of m{i} names tool result {edit.call_id!r}, but m{i} is not that result")
+            m = _edited(m, edit)
         out.append((m, i, i))
         i += 1
     return out
@@ -1246,7 +1246,8 @@ class ProviderSummarizer:
         parsed = parse_output(response, schema)
         if parsed.error is not None:
             raise CompactionFailed("invalid", f"the summary does not match the schema: {parsed.error[:300]}")
-        return SummarizerResult(parsed.value, response.id)
+        value: Mapping[str, Any] = parsed.value if isinstance(parsed.value, Mapping) else {}
+        return SummarizerResult(value, response.id)
 
     def __repr__(self) -> str:
         return f"ProviderSummarizer(provider={self.provider!r}, max_tokens={self.max_tokens})"
@@ -1398,7 +1399,7 @@ class Compaction(Middleware):
             events = await store.read_events(context.session_id, types=("message",))
             if k >= len(events):
                 raise ValueError(f"no artifact {ref!r} in this session")
-            message = structure(events[k].payload["message"], Message)
+            message: Message = structure(events[k].payload["message"], Message)
             text = _message_text(message)
             start = max(0, offset)
             chunk = text[start:start + limit]
@@ -1456,11 +1457,15 @@ class Compaction(Middleware):
             return None if budget is None else int(budget * value)
         return int(value)
 
-    def _context(self, ctx: RunContext, view: Sequence[Message]) -> tuple[CompactionOptions, tuple[str, ...],
-                                                                            Essentials, Summarizer | None]:
+    def _options(self, ctx: RunContext) -> tuple[CompactionOptions, tuple[str, ...]]:
+        """The options and levels of this run: L3 (and load hints) only when the load-back tool is offered."""
         offered = self.options.artifact_tool in ctx.tools
-        options = evolve(self.options, load_hint=offered)
-        levels = tuple(x for x in self.levels if x != "L3" or offered)
+        options = self.options if offered else evolve(self.options, load_hint=False)
+        return options, tuple(x for x in self.levels if x != "L3" or offered)
+
+    def _keep(self, ctx: RunContext, view: Sequence[Message], levels: Sequence[str]
+              ) -> tuple[Essentials, Summarizer | None]:
+        """The must-keep items of ``view``, and the summarizer told about them."""
         if self.essentials is not None:
             essentials = self.essentials(view, ctx)
         else:
@@ -1469,7 +1474,7 @@ class Compaction(Middleware):
         if summarizer is None and "L2" in levels:
             summarizer = ProviderSummarizer(ctx, provider=self.summarizer_provider, goal_version=ctx.goal_version,
                                             keep=essentials.items)
-        return options, levels, essentials, summarizer
+        return essentials, summarizer
 
     def _report(self, ctx: RunContext, st: dict[str, Any], outcome: CompactionOutcome, trigger: str) -> None:
         for a in outcome.attempts:
@@ -1521,7 +1526,7 @@ class Compaction(Middleware):
         transcript = ctx.transcript
         for ev in events:
             try:
-                rec = structure(ev.payload["record"], CompactionRecord)
+                rec: CompactionRecord = structure(ev.payload["record"], CompactionRecord)
                 fits = rec.last < len(transcript) and \
                     _messages_sha(transcript[rec.first:rec.last + 1]) == rec.covered_sha256
                 if fits:
@@ -1550,7 +1555,15 @@ class Compaction(Middleware):
             return
         records = st["records"]
         view = apply_records(transcript, records)
-        options, levels, essentials, summarizer = self._context(ctx, view)
+        options, levels = self._options(ctx)
+        found: list[tuple[Essentials, Summarizer | None]] = []
+
+        def must_keep() -> tuple[Essentials, Summarizer | None]:
+            """The essentials of the view before any edit of this PreTurn (only when one is tried)."""
+            if not found:
+                found.append(self._keep(ctx, view, levels))
+            return found[0]
+
         tokens = self._counter(ctx, st)
         if "mid_turn" in self.triggers:
             hidden, done = _current(transcript, records)
@@ -1558,11 +1571,10 @@ class Compaction(Middleware):
             local = self._local(ctx, st, hidden | {i for i, e in done.items() if e.kind in ("artifact", "preview")})
             if local and local_levels:
                 outcome = await compact(transcript, records, target=None, levels=local_levels,
-                                        essentials=essentials, options=options, tokens=tokens, indices=local,
+                                        essentials=must_keep()[0], options=options, tokens=tokens, indices=local,
                                         fallback=False)
                 self._report(ctx, st, outcome, "mid_turn")
                 view = list(outcome.view)
-                records = st["records"]
         budget = self.budget(ctx)
         cur = tokens(view)
         hard = self._tokens_of(self.hard_limit_tokens, budget) or budget
@@ -1575,7 +1587,8 @@ class Compaction(Middleware):
                 ctx.messages = view
                 return
             trigger, target = "pre_turn", self._tokens_of(self.target_tokens, budget) or limit
-        outcome = await compact(transcript, records, target=target, hard_limit=hard, levels=levels,
+        essentials, summarizer = must_keep()
+        outcome = await compact(transcript, st["records"], target=target, hard_limit=hard, levels=levels,
                                 summarizer=summarizer, essentials=essentials, options=options, tokens=tokens,
                                 fallback=self.fallback)
         self._report(ctx, st, outcome, trigger)
@@ -1607,7 +1620,7 @@ class Compaction(Middleware):
             self._state(ctx)["marked"].add(call.id)
         return result
 
-    async def post_turn(self, ctx: RunContext) -> None:
+    async def post_turn(self, ctx: RunContext) -> None:  # type: ignore[override]
         """PostTurn trigger (off by default): refresh the long-term summary every ``refresh_every``
         steps. Returns no decision."""
         if "post_turn" not in self.triggers or "L2" not in self.levels:
@@ -1619,7 +1632,8 @@ class Compaction(Middleware):
         st["refreshed_at"] = steps
         transcript = ctx.transcript
         view = apply_records(transcript, st["records"])
-        options, _, essentials, summarizer = self._context(ctx, view)
+        options, levels = self._options(ctx)
+        essentials, summarizer = self._keep(ctx, view, levels)
         outcome = await compact(transcript, st["records"], target=None, levels=("L2",), summarizer=summarizer,
                                 essentials=essentials, options=options, tokens=self._counter(ctx, st),
                                 fallback=False)

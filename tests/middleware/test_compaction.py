@@ -685,3 +685,61 @@ def test_compaction_failed_is_a_run_error() -> None:
 
     exc = CompactionFailed("timeout", "slow", level="L2")
     assert isinstance(exc, RunError) and str(exc) == "L2 compaction failed (timeout): slow"
+
+
+class Router:
+    """A script that answers summary requests (``output_schema`` set) apart from the run's own calls."""
+
+    def __init__(self, turns: list[Any], summary: str) -> None:
+        self.turns = turns
+        self.summary = summary
+        self.summary_requests: list[MessageRequest] = []
+
+    def __call__(self, request: MessageRequest) -> Any:
+        if request.output_schema is not None:
+            self.summary_requests.append(request)
+            return evolve(text_response(self.summary), usage=Usage(1000, 100))
+        return self.turns.pop(0)(request)
+
+
+@pytest.mark.parametrize("answer", ["json", "prose"])
+async def test_the_default_summarizer_is_one_schema_constrained_call_through_the_runtime(answer: str) -> None:
+    store = MemoryStore()
+    out = summary_of(())
+    router = Router([*reads(*"abcdefghij"), usage("done")],
+                    orjson.dumps(out).decode() if answer == "json" else "I could not do that, sorry.")
+    provider = ScriptedProvider([router], repeat_last=True, capabilities=CAPS)
+    comp = Compaction(store=store, min_summary_input_tokens=100, fallback=False)
+    result = await Agent(provider, tools=[read_file], middleware=[comp], store=store).run(TASK)
+    assert result.stop.reason is StopReason.COMPLETED
+    request = router.summary_requests[0]
+    assert request.output_schema is SUMMARY_SCHEMA and request.temperature == 0.0
+    assert "goal_version" in request.messages[0].text and "(use 1)" in request.messages[0].text
+    assert "never delete files" in request.messages[1].text  # the must-keep items are listed
+    events = await events_of(store, result.session_id, "compaction", "compaction.failed")
+    if answer == "json":
+        l2 = [e for e in events if e.type == "compaction" and e.payload["record"]["level"] == "L2"]
+        assert l2 and l2[0].payload["record"]["summary_output"] == out
+        assert l2[0].payload["record"]["summarizer_call_id"].startswith("resp_")
+        assert result.usage.input_tokens >= 1000  # the summary call is accounted to the run
+    else:
+        failed = [e.payload for e in events if e.type == "compaction.failed"]
+        assert failed and failed[0]["reason"] == "invalid" and "does not match the schema" in failed[0]["detail"]
+        assert not any(e.payload["record"]["level"] == "L2" for e in events if e.type == "compaction")
+
+
+async def test_custom_essentials_and_excluded_tools() -> None:
+    store = MemoryStore()
+    seen: list[int] = []
+
+    def essentials(view: Sequence[Message], ctx: Any) -> Essentials:
+        seen.append(len(view))
+        return Essentials(facts=("line 3 of a:",))
+
+    comp = Compaction(store=store, summarizer=fake_summarizer, essentials=essentials, exclude_tools=("read_file",),
+                      levels=("L1",), min_summary_input_tokens=100)
+    provider = ScriptedProvider([*reads(*"abcdefghij"), usage("done")], capabilities=CAPS)
+    result = await Agent(provider, tools=[read_file], middleware=[comp], store=store).run(TASK)
+    assert result.stop.reason is StopReason.COMPLETED and seen  # asked only when compacting
+    assert not await events_of(store, result.session_id, "compaction")  # nothing it may touch
+    assert all(dumps(r.messages) == dumps(result.messages[:len(r.messages)]) for r in provider.requests)
