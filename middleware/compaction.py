@@ -117,7 +117,7 @@ __all__ = [
     "LEVELS", "SUMMARY_PREFIX", "SUMMARY_SCHEMA", "TRIGGERS", "Attempt", "Compacted", "Compaction",
     "CompactionFailed", "CompactionFailedEvent", "CompactionOptions", "CompactionOutcome",
     "CompactionRecord", "ContentEdit", "Essentials", "ProviderSummarizer", "Summarizer",
-    "SummarizerResult", "apply_records", "check_consistency", "compact", "count_tokens",
+    "SummarizerResult", "apply_records", "bounded_schema", "check_consistency", "compact", "count_tokens",
     "extract_essentials", "pairing_problems", "plan_l1", "plan_l2_range", "plan_l3",
     "render_summary", "summarize_l2", "view_spans",
 ]
@@ -1180,6 +1180,7 @@ SUMMARIZER_INSTRUCTIONS = (
     "(use {goal_version}), decisions taken, failures met (errors, dead ends), verified facts each with "
     "its evidence (which tool result or message showed it), prohibitions (things the user said never to "
     "do, verbatim), open to-dos, and pending actions. Copy facts and prohibitions word for word. "
+    "Be brief: at most 8 items per section, each one short line; never repeat an item. "
     "Use empty lists for empty sections."
 )
 """System prompt of :class:`ProviderSummarizer` (``{goal_version}`` is filled in)."""
@@ -1202,6 +1203,24 @@ def _render_for_summary(messages: Sequence[Message], per_message_chars: int, kee
     return "\n\n".join(parts)
 
 
+def bounded_schema(schema: OutputSchema, max_items: int, max_chars: int) -> OutputSchema:
+    """``schema`` with ``maxItems`` on every array and ``maxLength`` on every string: a grammar-
+    constrained server (llama.cpp) then cannot let a small model repeat itself until the output
+    limit cuts the JSON. (Not every vendor's strict mode accepts these keywords.)"""
+
+    def bound(node: Any) -> Any:
+        if not isinstance(node, dict):
+            return node
+        out = {k: bound(v) for k, v in node.items()}
+        if node.get("type") == "array":
+            out["maxItems"] = max_items
+        elif node.get("type") == "string":
+            out["maxLength"] = max_chars
+        return out
+
+    return OutputSchema(schema.name, bound(schema.schema), schema.description, schema.strict)
+
+
 class ProviderSummarizer:
     """The default summarizer: one schema-constrained call through ``ctx.call_provider``
     (``account=True``: its tokens and cost count toward the run), checked with
@@ -1216,11 +1235,16 @@ class ProviderSummarizer:
         keep: must-keep items to list for the model.
         max_tokens: output tokens of the summary call.
         per_message_chars: characters of each message shown.
+        bounds: ``(max_items, max_chars)`` sent as ``maxItems`` / ``maxLength`` in the schema
+            (:func:`bounded_schema`); ``"auto"``: ``(8, 240)`` for the ``llamacpp`` profile (its
+            grammar enforces them; a small model otherwise repeats itself until the output limit),
+            none elsewhere. The answer is checked against the schema that was sent.
     """
 
     def __init__(self, ctx: RunContext, *, provider: Provider | None = None, goal_version: int = 0,
                  keep: Sequence[str] = (), max_tokens: int = 1500, per_message_chars: int = 4000,
-                 instructions: str = SUMMARIZER_INSTRUCTIONS) -> None:
+                 instructions: str = SUMMARIZER_INSTRUCTIONS,
+                 bounds: tuple[int, int] | str | None = "auto") -> None:
         self.ctx = ctx
         self.provider = provider
         self.goal_version = goal_version
@@ -1228,6 +1252,10 @@ class ProviderSummarizer:
         self.max_tokens = max_tokens
         self.per_message_chars = per_message_chars
         self.instructions = instructions
+        if bounds == "auto":
+            profile = getattr(provider or ctx.provider, "profile", None)
+            bounds = (8, 240) if getattr(profile, "name", None) == "llamacpp" else None
+        self.bounds: tuple[int, int] | None = bounds if isinstance(bounds, tuple) else None
 
     def request(self, messages: Sequence[Message], schema: OutputSchema) -> MessageRequest:
         """The summary request."""
@@ -1241,6 +1269,8 @@ class ProviderSummarizer:
                               max_tokens=self.max_tokens, temperature=0.0, output_schema=schema)
 
     async def __call__(self, messages: Sequence[Message], schema: OutputSchema) -> SummarizerResult:
+        if self.bounds is not None:
+            schema = bounded_schema(schema, *self.bounds)
         response: MessageResponse = await self.ctx.call_provider(self.request(messages, schema),
                                                                  provider=self.provider, account=True)
         parsed = parse_output(response, schema)

@@ -743,3 +743,30 @@ async def test_custom_essentials_and_excluded_tools() -> None:
     assert result.stop.reason is StopReason.COMPLETED and seen  # asked only when compacting
     assert not await events_of(store, result.session_id, "compaction")  # nothing it may touch
     assert all(dumps(r.messages) == dumps(result.messages[:len(r.messages)]) for r in provider.requests)
+
+
+async def test_the_default_summarizer_bounds_lists_and_strings_for_the_local_model() -> None:
+    from fsm_agent import RunContext, create_provider
+    from fsm_agent.providers import ProviderConfig
+    from fsm_agent.tools import ToolRegistry
+    from fsm_agent_middleware.compaction import ProviderSummarizer, bounded_schema
+
+    bounded = bounded_schema(SUMMARY_SCHEMA, 8, 240).schema
+    assert bounded["properties"]["decisions"] == {"type": "array", "items": {"type": "string", "maxLength": 240},
+                                                  "maxItems": 8}
+    assert bounded["properties"]["verified_facts"]["items"]["properties"]["fact"]["maxLength"] == 240
+    assert "maxItems" not in SUMMARY_SCHEMA.schema["properties"]["decisions"]  # the canonical schema is untouched
+    sent: list[MessageRequest] = []
+
+    async def call_provider(request: MessageRequest, provider: Any = None, *, account: bool = False) -> Any:
+        sent.append(request)
+        return text_response(orjson.dumps(good_output()).decode())
+
+    for name, expected in (("llamacpp", bounded), ("openai", SUMMARY_SCHEMA.schema)):
+        provider = create_provider(name, ProviderConfig(base_url="http://127.0.0.1:9", api_key="k"))
+        ctx = RunContext("s", provider, ToolRegistry(), [])
+        ctx.call_provider = call_provider
+        result = await ProviderSummarizer(ctx, goal_version=1)(history()[2:10], SUMMARY_SCHEMA)
+        assert result.output == good_output()
+        assert sent[-1].output_schema is not None and sent[-1].output_schema.schema == expected
+        await provider.aclose()
