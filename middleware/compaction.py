@@ -1521,20 +1521,26 @@ class Compaction(Middleware):
 
     def _local(self, ctx: RunContext, st: dict[str, Any], hidden_or_done: set[int]) -> set[int]:
         """Transcript indices of large results to compact locally: those marked in MidTurn, and those
-        of the newest step (a resume lost the marks)."""
+        of the newest step (after the last assistant message: a resume lost the marks)."""
         transcript = ctx.transcript
-        ages = _ages(transcript)
         exclude = set(self.options.exclude_tools)
         marked = st["marked"]
+
+        def large(i: int, m: Message) -> bool:
+            return isinstance(m, ToolResultMessage) and i not in hidden_or_done and m.name not in exclude \
+                and len(m.text) > self.midturn_chars
+
         out: set[int] = set()
+        if marked:
+            out.update(i for i, m in enumerate(transcript)
+                       if isinstance(m, ToolResultMessage) and m.tool_call_id in marked and large(i, m))
+            marked.clear()
         for i in range(len(transcript) - 1, -1, -1):
             m = transcript[i]
-            if isinstance(m, ToolResultMessage) and i not in hidden_or_done and m.name not in exclude \
-                    and len(m.text) > self.midturn_chars and (m.tool_call_id in marked or ages[i] == 0):
-                out.add(i)
-            if ages[i] > 0 and not marked:
+            if isinstance(m, AssistantMessage):
                 break
-        marked.clear()
+            if large(i, m):
+                out.add(i)
         return out
 
     # -- hooks -----------------------------------------------------------------------------------
