@@ -119,7 +119,7 @@ __all__ = [
     "CompactionRecord", "ContentEdit", "Essentials", "ProviderSummarizer", "Summarizer",
     "SummarizerResult", "apply_records", "bounded_schema", "check_consistency", "compact", "count_tokens",
     "extract_essentials", "pairing_problems", "plan_l1", "plan_l2_range", "plan_l3",
-    "render_summary", "summarize_l2", "view_spans",
+    "recorded_summarizer", "render_summary", "summarize_l2", "view_spans",
 ]
 
 log = logging.getLogger("fsm_agent.middleware.compaction")
@@ -1281,6 +1281,38 @@ class ProviderSummarizer:
 
     def __repr__(self) -> str:
         return f"ProviderSummarizer(provider={self.provider!r}, max_tokens={self.max_tokens})"
+
+
+def recorded_summarizer(events: Sequence[Any]) -> Summarizer:
+    """A summarizer that answers as a recorded session's summarizer did, for an offline replay
+    (``fsm_agent.testing.replay_trajectory`` does not replay ``ctx.call_provider`` calls).
+
+    ``events``: the session's ``compaction`` and ``compaction.failed`` events (``EventRecord``s or
+    their ``type`` / ``payload`` dicts), in log order. Each call returns the next committed L2
+    record's ``summary_output`` with its call id, or raises the next failed L2 attempt's
+    :class:`CompactionFailed`; past the end, it raises ``CompactionFailed("raised", ...)``.
+    """
+    answers: list[SummarizerResult | CompactionFailed] = []
+    for ev in events:
+        kind = ev["type"] if isinstance(ev, Mapping) else ev.type
+        payload = ev["payload"] if isinstance(ev, Mapping) else ev.payload
+        if kind == Compacted.TAG and payload["record"]["level"] == "L2":
+            rec = payload["record"]
+            answers.append(SummarizerResult(rec["summary_output"], rec["summarizer_call_id"]))
+        elif kind == CompactionFailedEvent.TAG and payload["level"] == "L2":
+            # (an answer rejected afterwards, as inconsistent or over budget, fails the same way again)
+            answers.append(CompactionFailed(payload["reason"], payload["detail"]))
+    pending = list(answers)
+
+    async def summarizer(messages: Sequence[Message], schema: OutputSchema) -> SummarizerResult:
+        if not pending:
+            raise CompactionFailed("raised", "the recording holds no more summarizer answers")
+        answer = pending.pop(0)
+        if isinstance(answer, CompactionFailed):
+            raise answer
+        return answer
+
+    return summarizer
 
 
 # -- the plugin ------------------------------------------------------------------------------------

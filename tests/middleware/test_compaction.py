@@ -770,3 +770,23 @@ async def test_the_default_summarizer_bounds_lists_and_strings_for_the_local_mod
         assert result.output == good_output()
         assert sent[-1].output_schema is not None and sent[-1].output_schema.schema == expected
         await provider.aclose()
+
+
+async def test_an_offline_replay_of_a_compacted_session_sends_the_same_contexts() -> None:
+    from fsm_agent.testing import replay_trajectory
+    from fsm_agent_middleware.compaction import recorded_summarizer
+
+    store = MemoryStore()
+    agent, _ = _resumable(store)
+    result = await agent.run(TASK, session_id="rec")
+    assert result.stop.reason is StopReason.COMPLETED
+    events = await events_of(store, "rec", "compaction", "compaction.failed")
+    assert any(e.payload["record"]["level"] == "L2" for e in events if e.type == "compaction")
+    again = Agent(ScriptedProvider([], capabilities=CAPS), tools=[read_file],
+                  middleware=[Compaction(summarizer=recorded_summarizer(events), min_summary_input_tokens=100)])
+    report = await replay_trajectory(store, "rec", again)
+    assert report.ok, report.summary()
+    # and the recorded answers run out honestly
+    summarize = recorded_summarizer([])
+    with pytest.raises(CompactionFailed, match="no more summarizer answers"):
+        await summarize([], SUMMARY_SCHEMA)
