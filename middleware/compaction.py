@@ -47,6 +47,8 @@ L1 or L3 shrinks, the line holding it is kept verbatim next to the preview.
                                    tiktoken count of what differs since (tiktoken alone without a
                                    report).
 :func:`extract_essentials`         the default must-keep items of a context.
+:func:`recorded_summarizer`        answers as a recorded session's summarizer did (offline
+                                   replay).
 =================================  =========================================================
 
 Records reference messages by their index in the transcript: index ``k`` is the ``k``-th
@@ -114,12 +116,12 @@ from fsm_agent.types import (
 )
 
 __all__ = [
-    "LEVELS", "SUMMARY_PREFIX", "SUMMARY_SCHEMA", "TRIGGERS", "Attempt", "Compacted", "Compaction",
-    "CompactionFailed", "CompactionFailedEvent", "CompactionOptions", "CompactionOutcome",
-    "CompactionRecord", "ContentEdit", "Essentials", "ProviderSummarizer", "Summarizer",
-    "SummarizerResult", "apply_records", "bounded_schema", "check_consistency", "compact", "count_tokens",
-    "extract_essentials", "pairing_problems", "plan_l1", "plan_l2_range", "plan_l3",
-    "recorded_summarizer", "render_summary", "summarize_l2", "view_spans",
+    "Attempt", "Compacted", "Compaction", "CompactionFailed", "CompactionFailedEvent", "CompactionOptions",
+    "CompactionOutcome", "CompactionRecord", "ContentEdit", "Essentials", "LEVELS", "ProviderSummarizer",
+    "SUMMARY_PREFIX", "SUMMARY_SCHEMA", "Summarizer", "SummarizerResult", "TRIGGERS", "apply_records",
+    "bounded_schema", "check_consistency", "compact", "count_tokens", "extract_essentials",
+    "pairing_problems", "plan_l1", "plan_l2_range", "plan_l3", "recorded_summarizer", "render_summary",
+    "summarize_l2", "view_spans",
 ]
 
 log = logging.getLogger("fsm_agent.middleware.compaction")
