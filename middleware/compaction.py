@@ -788,10 +788,14 @@ def plan_l2_range(transcript: Sequence[Message], records: Sequence[CompactionRec
 
 
 _ERROR_START = re.compile(
-    r"^\s*(?:\[?error\]?\s*:|error\s+(?:occurred|while|calling)|exception\b|traceback\b|i'?m sorry|i am sorry"
-    r"|sorry[,!.]|apologies|i (?:cannot|can't|can not|am unable|'m unable|am not able)|as an ai\b"
-    r"|unable to\b|failed to (?:summari[sz]e|generate|produce))", re.I)
-_CANNOT_SUMMARIZE = re.compile(r"(?:could ?n[o']t|can ?n[o']t|unable to|failed to|not able to)\s+summari[sz]", re.I)
+    r"^\s*(?:\[error\]|error\s*(?::|-|\(|\d{3}\b|code\b|occurred|while|calling|from\b|response\b|status\b)"
+    r"|(?:[\w.]+(?:error|exception))\s*:|exception\b|traceback\b|http\s*\d{3}\b|status(?: code)?\s*\d{3}\b"
+    r"|i'?m sorry|i am sorry|sorry[,!.]|apologies|i (?:cannot|can't|can not|am unable|'m unable|am not able)"
+    r"|as an ai\b|unable to\b|failed to (?:summari[sz]e|generate|produce))", re.I)
+_ERROR_ANYWHERE = re.compile(
+    r"(?:could ?n[o']t|can ?n[o']t|unable to|failed to|not able to)\s+summari[sz]"  # "could not summarise"
+    r"|traceback \(most recent call last\)|\berror code:?\s*\d{3}\b"
+    r"|[{,]\s*['\"]error['\"]\s*:\s*[{'\"]", re.I)  # a serialized error object: {'error': {...}}
 
 
 def _check_output(out: Any, schema: OutputSchema) -> dict[str, Any]:
@@ -832,8 +836,8 @@ def _check_output(out: Any, schema: OutputSchema) -> dict[str, Any]:
     for key, s in strings:
         if key != "failures" and _ERROR_START.match(s):
             raise CompactionFailed("error_text", f"the summary's {key} reads like an error or a refusal: {s[:120]!r}")
-        if _CANNOT_SUMMARIZE.search(s):
-            raise CompactionFailed("error_text", f"the summary says it could not summarise: {s[:120]!r}")
+        if key != "failures" and _ERROR_ANYWHERE.search(s):
+            raise CompactionFailed("error_text", f"the summary's {key} holds an error or a refusal: {s[:120]!r}")
     return value
 
 

@@ -303,6 +303,11 @@ FAULTS = {
     "sorry": (_answer(good_output(goal="I'm sorry, I cannot summarise this conversation.")), "error_text"),
     "error": (_answer(good_output(goal="Error: upstream timeout")), "error_text"),
     "could-not": (_answer(good_output(todos=["(could not summarise the rest)"])), "error_text"),
+    "http-error": (_answer(good_output(goal="Error code: 429 - {'error': {'message': 'Rate limit reached for "
+                                            "requests', 'type': 'requests', 'code': 'rate_limit_exceeded'}}")),
+                   "error_text"),
+    "exception": (_answer(good_output(decisions=["openai.RateLimitError: too many requests"])), "error_text"),
+    "traceback": (_answer(good_output(todos=["Traceback (most recent call last):\n  File \"x.py\""])), "error_text"),
     "not-a-mapping": (_answer("Here is the summary: ..."), "invalid"),
     "missing-section": (_answer({"goal": "x", "goal_version": 1}), "invalid"),
     "lost-prohibition": (_answer(good_output(prohibitions=(PROHIBITION,))), "inconsistent"),
@@ -351,6 +356,16 @@ async def test_stoprun_from_the_summarizer_passes_through() -> None:
 
     with pytest.raises(StopRun):
         await compact(history(), [], target=None, levels=("L2",), summarizer=stop, options=OPTS)
+
+
+def test_error_looking_text_is_told_from_ordinary_text() -> None:
+    from fsm_agent_middleware.compaction import _check_output
+
+    for text in ("Error handling was moved into one module", "the API rate limit of yield is 61648 requests per minute",
+                 "fix the error in parser.py", "errors are logged to /var/log/app"):
+        assert _check_output(good_output(decisions=[text]), SUMMARY_SCHEMA)["decisions"] == [text]
+    # the failures section may quote errors
+    assert _check_output(good_output(failures=["Error: tests failed on CI"]), SUMMARY_SCHEMA)
 
 
 # -- the consistency check -------------------------------------------------------------------------

@@ -172,6 +172,9 @@ FAULTS = {
     "over-budget": (_returns({**_EMPTY, "goal": "g", "decisions": ["word " * 400] * 40}), "over_budget"),
     "sorry": (_returns({**_EMPTY, "goal": "I'm sorry, I cannot help with summarising this."}), "error_text"),
     "error": (_returns({**_EMPTY, "goal": "Error: context window exceeded"}), "error_text"),
+    "http-error": (_returns({**_EMPTY, "goal": "Error code: 429 - {'error': {'message': 'Rate limit reached for "
+                                               "requests', 'type': 'requests', 'code': 'rate_limit_exceeded'}}"}),
+                   "error_text"),
     "not-json": (_returns("The conversation was about invoices."), "invalid"),
     # a valid answer with the wrong goal version: rejected by the check (or, when the range is
     # shorter than even this summary, as over budget first)
