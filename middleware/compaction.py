@@ -1366,6 +1366,9 @@ class Compaction(Middleware):
         refresh_every: PostTurn trigger: steps between two summary refreshes.
         retry_ratio: after a context-length error the context is compacted to this fraction of its
             size (the fallback when it stays over the midpoint between that and its size).
+        l2_retry_messages: after a failed summary, the PreTurn trigger asks for none again until the
+            transcript has grown by this many messages (L1, L3 and the fallback still run); a
+            context-length error does not wait.
         essentials: ``(view, ctx) -> Essentials``, the must-keep items (default
             :func:`extract_essentials` with ``ctx.goal_version`` and the pending calls).
         store: the session store: needed by the load-back tool and to rebuild the view on resume
@@ -1399,14 +1402,16 @@ class Compaction(Middleware):
                  max_summary_tokens: int = 2000, min_summary_input_tokens: int = 600, refresh_every: int = 4,
                  retry_ratio: float = 0.6, essentials: EssentialsOf | None = None, store: Store | None = None,
                  fallback: bool = True, use_reported_usage: bool = True,
-                 artifact_tool_name: str = ARTIFACT_TOOL) -> None:
+                 artifact_tool_name: str = ARTIFACT_TOOL, l2_retry_messages: int = 6) -> None:
         bad = set(levels) - set(LEVELS) or set(triggers) - set(TRIGGERS)
         if bad:
             raise ValueError(f"Compaction: unknown level or trigger {sorted(bad)}; levels are {LEVELS}, "
                              f"triggers {TRIGGERS}")
-        if not 0 < retry_ratio < 1 or refresh_every < 1 or midturn_chars < 1 or output_reserve_tokens < 0:
+        if not 0 < retry_ratio < 1 or refresh_every < 1 or midturn_chars < 1 or output_reserve_tokens < 0 \
+                or l2_retry_messages < 0:
             raise ValueError("Compaction: need 0 < retry_ratio < 1, refresh_every >= 1, midturn_chars >= 1, "
-                             "output_reserve_tokens >= 0")
+                             "output_reserve_tokens >= 0, l2_retry_messages >= 0")
+        self.l2_retry_messages = l2_retry_messages
         self.levels = tuple(x for x in LEVELS if x in set(levels))
         self.triggers = tuple(x for x in TRIGGERS if x in set(triggers))
         self.max_context_tokens = max_context_tokens
@@ -1553,6 +1558,8 @@ class Compaction(Middleware):
                 log.info("session %s: %s compaction (%s)%s: %d -> %d tokens", ctx.session_id, a.level, trigger,
                          " [fallback]" if a.record.fallback else "", a.tokens_before, a.tokens_after)
             elif a.failure is not None:
+                if a.level == "L2":  # back off: the same summary is not asked for again at once
+                    st["l2_failed_at"] = len(ctx.transcript)
                 ctx.emit(CompactionFailedEvent(ctx.session_id, ctx.turn, trigger, a.level, a.failure.reason,
                                                a.failure.detail, a.tokens_before))
                 log.warning("session %s: %s (%s); nothing changed", ctx.session_id, a.failure, trigger)
@@ -1661,6 +1668,12 @@ class Compaction(Middleware):
                 ctx.messages = view
                 return
             trigger, target = "pre_turn", self._tokens_of(self.target_tokens, budget) or limit
+        failed_at = st.get("l2_failed_at")
+        if failed_at is not None and trigger == "pre_turn" and "L2" in levels \
+                and len(transcript) - failed_at < self.l2_retry_messages:
+            # a summary failed a moment ago (a small model's JSON cut off, a provider error): until the
+            # transcript has grown by l2_retry_messages, only L1 / L3 and the labelled fallback run
+            levels = tuple(lv for lv in levels if lv != "L2")
         essentials, summarizer = must_keep()
         outcome = await compact(transcript, st["records"], target=target, hard_limit=hard, levels=levels,
                                 summarizer=summarizer, essentials=essentials, options=options, tokens=tokens,

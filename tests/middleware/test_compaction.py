@@ -805,3 +805,26 @@ async def test_an_offline_replay_of_a_compacted_session_sends_the_same_contexts(
     summarize = recorded_summarizer([])
     with pytest.raises(CompactionFailed, match="no more summarizer answers"):
         await summarize([], SUMMARY_SCHEMA)
+
+
+async def test_after_a_failed_summary_preturn_waits_before_asking_again() -> None:
+    """A summary that failed (a small model's JSON cut off) is not asked for again at every PreTurn:
+    the next try waits until the transcript has grown by ``l2_retry_messages``."""
+    asked: dict[int, list[int]] = {}
+    for wait in (0, 6):
+        calls: list[int] = []
+
+        async def failing(messages: Sequence[Message], schema: OutputSchema) -> Any:
+            calls.append(len(messages))
+            raise RuntimeError("provider down")
+
+        store = MemoryStore()
+        provider = ScriptedProvider([*reads(*"abcdefgh"), usage("done")],
+                                    capabilities=ProviderCapabilities(context_window=30000))
+        agent = Agent(provider, tools=[read_file], store=store, config=RunConfig(max_output_tokens=24000),
+                      middleware=[Compaction(levels=("L2",), store=store, summarizer=failing, fallback=False,
+                                             min_summary_input_tokens=100, l2_retry_messages=wait)])
+        assert (await agent.run(TASK)).stop.reason is StopReason.COMPLETED
+        asked[wait] = calls
+    assert len(asked[0]) >= 3 and 1 <= len(asked[6]) < len(asked[0])
+    assert all(b - a >= 6 for a, b in zip(asked[6], asked[6][1:]))  # each retry saw a transcript 6+ messages longer
