@@ -114,6 +114,7 @@ from fsm_agent.types import (
     structure,
     unstructure,
 )
+from fsm_agent.types import pairing_problems as _pairing_problems
 
 __all__ = [
     "Attempt", "Compacted", "Compaction", "CompactionFailed", "CompactionFailedEvent", "CompactionOptions",
@@ -383,41 +384,9 @@ def _ages(messages: Sequence[Message]) -> list[int]:
 
 
 def pairing_problems(messages: Sequence[Message]) -> list[str]:
-    """Pairing violations in ``messages``: a tool result that does not follow an open call of its
-    step, a second result for one call, a call closed (by a user or assistant message) without a
-    result, a call id twice in one step. A pending tail (calls of the last step with nothing after
-    them) is allowed. Same reading as ``fsm_agent.testing.conversations.check_pairing``."""
-    out: list[str] = []
-    open_calls: dict[str, int] = {}
-    answered: set[str] = set()
-    prev: Message | None = None
-
-    def close(at: int) -> None:
-        for cid, i in open_calls.items():
-            if cid not in answered:
-                out.append(f"call {cid!r} (message {i}) has no result before message {at}")
-        open_calls.clear()
-        answered.clear()
-
-    for j, m in enumerate(messages):
-        if isinstance(m, SystemMessage):
-            continue
-        if isinstance(m, AssistantMessage):
-            if not isinstance(prev, AssistantMessage):
-                close(j)
-            for c in m.tool_calls:
-                if c.id in open_calls:
-                    out.append(f"call id {c.id!r} is used twice in one step (message {j})")
-                open_calls[c.id] = j
-        elif isinstance(m, ToolResultMessage):
-            if m.tool_call_id in open_calls and m.tool_call_id not in answered:
-                answered.add(m.tool_call_id)
-            else:
-                out.append(f"result {m.tool_call_id!r} (message {j}) has no open call it answers")
-        else:
-            close(j)
-        prev = m
-    return out
+    """Pairing violations in ``messages`` (:func:`fsm_agent.types.pairing_problems`, ids distinct
+    within a step; a pending tail allowed)."""
+    return _pairing_problems(messages)
 
 
 # -- the view --------------------------------------------------------------------------------------

@@ -32,6 +32,7 @@ from .messages import (
     UserImageMessage,
     UserMessage,
 )
+from .pairing import pairing_problems
 from .requests import MessageRequest, MessageResponse, ThinkingConfig, ToolDefinition
 from .run import ContextRef, PendingAction, RunResult, RunStop, StopReason, TurnRecord
 from .stream import (
@@ -111,6 +112,7 @@ __all__ = [
     "estimate_request_tokens",
     "events_for_response",
     "loads",
+    "pairing_problems",
     "parse_tool_arguments",
     "structure",
     "unstructure",
