@@ -775,6 +775,9 @@ def _check_output(out: Any, schema: OutputSchema) -> dict[str, Any]:
     missing = [k for k in schema.schema.get("required", ()) if k not in out]
     if missing:
         raise CompactionFailed("invalid", f"the summary lacks the section(s) {', '.join(missing)}")
+    extra = [str(k)[:40] for k in out if k not in props]
+    if extra:  # the schema allows no other keys (and a record stores the output as given)
+        raise CompactionFailed("invalid", f"the summary has section(s) the schema does not allow: {', '.join(extra)}")
     value = dict(out)
     strings: list[tuple[str, str]] = []
     for key, spec in props.items():
@@ -792,15 +795,16 @@ def _check_output(out: Any, schema: OutputSchema) -> dict[str, Any]:
             raise CompactionFailed("invalid", f"{key} must be a list")
         for item in v:
             if key == "verified_facts":
-                if not (isinstance(item, Mapping) and isinstance(item.get("fact"), str)
-                        and isinstance(item.get("evidence"), str)):
-                    raise CompactionFailed("invalid", "each verified fact needs a fact and an evidence string")
+                if not (isinstance(item, Mapping) and set(item) <= {"fact", "evidence"}
+                        and isinstance(item.get("fact"), str) and isinstance(item.get("evidence"), str)):
+                    raise CompactionFailed("invalid", "each verified fact is {fact, evidence}, two strings")
                 strings.append((key, item["fact"]))
+                strings.append(("evidence", item["evidence"]))
             elif isinstance(item, str):
                 strings.append((key, item))
             else:
                 raise CompactionFailed("invalid", f"{key} must hold strings")
-    if not any(s.strip() for _, s in strings):
+    if not any(s.strip() for k, s in strings if k != "evidence"):
         raise CompactionFailed("empty", "the summary is empty or whitespace only")
     for key, s in strings:
         if key != "failures" and _ERROR_START.match(s):
@@ -835,8 +839,11 @@ async def _call(summarizer: Summarizer, messages: Sequence[Message], schema: Out
     try:
         if timeout is None:
             return await summarizer(messages, schema)
-        async with asyncio.timeout(timeout):
-            return await summarizer(messages, schema)
+        async with asyncio.timeout(timeout) as deadline:
+            answer = await summarizer(messages, schema)
+        if deadline.expired():  # it swallowed the cancellation and answered late: still a timeout
+            raise TimeoutError
+        return answer
     except TimeoutError as exc:
         raise CompactionFailed("timeout", f"the summarizer did not answer within {timeout} s"
                                if timeout is not None else f"the summarizer timed out: {exc}") from exc
@@ -880,7 +887,9 @@ async def summarize_l2(transcript: Sequence[Message], records: Sequence[Compacti
     if call_id is None:
         call_id = f"summarizer:{input_sha[:16]}"
     text = render_summary(output, first=first, last=last, call_id=call_id)
-    size, removed = tokens([UserMessage(text)]), tokens(inside)
+    # plain counts: the run's counter starts from the provider's report for the whole request (tool
+    # definitions included), which is no measure of one message
+    size, removed = count_message_tokens([UserMessage(text)]), count_message_tokens(list(inside))
     if size > options.max_summary_tokens or size >= removed:
         raise CompactionFailed("over_budget", f"the summary has {size:,} tokens; the limit is "
                                f"{options.max_summary_tokens:,} and it replaces {removed:,}")
@@ -1115,7 +1124,7 @@ async def compact(transcript: Sequence[Message], records: Sequence[CompactionRec
             return None
         spans = view_spans(transcript, recs)
         inside = [m for m, a, b in spans if a >= rng[0] and b <= rng[1] and not isinstance(m, SystemMessage)]
-        if tokens(inside) < options.min_summary_input_tokens:
+        if count_message_tokens(inside) < options.min_summary_input_tokens:  # a plain count of the range
             return None
         return await summarize_l2(transcript, recs, summarizer, first=rng[0], last=rng[1], options=options,
                                   keep=keep, tokens=tokens, reason=why("L2"))

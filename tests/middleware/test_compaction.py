@@ -292,8 +292,30 @@ def _answer(value: Any) -> Any:
     return summarizer
 
 
+async def _late(messages: Sequence[Message], schema: OutputSchema) -> Any:
+    """Swallows the timeout's cancellation and answers late (a summarizer that ignores it)."""
+    try:
+        await asyncio.sleep(0.3)
+    except asyncio.CancelledError:
+        await asyncio.sleep(0.1)
+    return good_output()
+
+
+def _nested(depth: int) -> Any:
+    v: Any = "x"
+    for _ in range(depth):
+        v = {"k": v}
+    return v
+
+
 EMPTY = good_output(facts=(), prohibitions=(), goal="", decisions=[], todos=[])
 FAULTS = {
+    "late-answer": (_late, "timeout"),
+    "extra-key": (_answer({**good_output(), "notes": _nested(400)}), "invalid"),
+    "extra-fact-key": (_answer(good_output(verified_facts=[{"fact": FACT, "evidence": "read_file a",
+                                                            "source": "x"}])), "invalid"),
+    "error-evidence": (_answer(good_output(verified_facts=[{"fact": FACT, "evidence": "Error code: 500 - "
+                                                            "{'error': 'internal'}"}])), "error_text"),
     "raise": (_raises, "raised"),
     "timeout": (_slow, "timeout"),
     "cancel": (_cancelled, "cancelled"),
@@ -828,3 +850,26 @@ async def test_after_a_failed_summary_preturn_waits_before_asking_again() -> Non
         asked[wait] = calls
     assert len(asked[0]) >= 3 and 1 <= len(asked[6]) < len(asked[0])
     assert all(b - a >= 6 for a, b in zip(asked[6], asked[6][1:]))  # each retry saw a transcript 6+ messages longer
+
+
+async def test_the_summary_is_measured_by_itself_not_by_the_runs_reported_count() -> None:
+    """The run's counter starts from the provider's report for a whole request (tool definitions
+    included); measured with it, a 100-token summary counted as thousands and L2 never committed
+    with many tools, or a huge one passed with a provider that counts low."""
+    h = history()
+
+    def reported(messages: Sequence[Message]) -> int:  # what a counter seeded by a big report says
+        return count_message_tokens(list(messages)) + 3000
+
+    rec = await summarize_l2(h, [], Spy(), first=2, last=9, options=evolve(OPTS, max_summary_tokens=400),
+                             keep=ESS.items, tokens=reported)
+    assert rec.level == "L2" and rec.summary is not None
+    huge = good_output(decisions=["a long decision " * 40] * 20)
+
+    def low(messages: Sequence[Message]) -> int:  # a provider whose tokenizer counts half of ours
+        return count_message_tokens(list(messages)) // 2
+
+    with pytest.raises(CompactionFailed) as exc:
+        await summarize_l2(h, [], Spy(huge), first=2, last=9, options=evolve(OPTS, max_summary_tokens=400),
+                           keep=ESS.items, tokens=low)
+    assert exc.value.reason == "over_budget"
