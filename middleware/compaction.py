@@ -761,6 +761,8 @@ _ERROR_START = re.compile(
     r"|(?:[\w.]+(?:error|exception))\s*:|exception\b|traceback\b|http\s*\d{3}\b|status(?: code)?\s*\d{3}\b"
     r"|i'?m sorry|i am sorry|sorry[,!.]|apologies|i (?:cannot|can't|can not|am unable|'m unable|am not able)"
     r"|as an ai\b|unable to\b|failed to (?:summari[sz]e|generate|produce))", re.I)
+_NO_SUMMARY = re.compile(r"(?:could ?n[o']t|can ?n[o']t|unable to|failed to|not able to)\s+summari[sz]", re.I)
+"""The summarizer saying it did not summarise: refused in every section, the failures included."""
 _ERROR_ANYWHERE = re.compile(
     r"(?:could ?n[o']t|can ?n[o']t|unable to|failed to|not able to)\s+summari[sz]"  # "could not summarise"
     r"|traceback \(most recent call last\)|\berror code:?\s*\d{3}\b"
@@ -809,7 +811,7 @@ def _check_output(out: Any, schema: OutputSchema) -> dict[str, Any]:
     for key, s in strings:
         if key != "failures" and _ERROR_START.match(s):
             raise CompactionFailed("error_text", f"the summary's {key} reads like an error or a refusal: {s[:120]!r}")
-        if key != "failures" and _ERROR_ANYWHERE.search(s):
+        if (key != "failures" and _ERROR_ANYWHERE.search(s)) or _NO_SUMMARY.search(s):
             raise CompactionFailed("error_text", f"the summary's {key} holds an error or a refusal: {s[:120]!r}")
     return value
 

@@ -311,6 +311,8 @@ def _nested(depth: int) -> Any:
 EMPTY = good_output(facts=(), prohibitions=(), goal="", decisions=[], todos=[])
 FAULTS = {
     "late-answer": (_late, "timeout"),
+    "refusal-in-failures": (_answer(good_output(failures=["I'm sorry, I could not summarise this conversation."])),
+                            "error_text"),
     "extra-key": (_answer({**good_output(), "notes": _nested(400)}), "invalid"),
     "extra-fact-key": (_answer(good_output(verified_facts=[{"fact": FACT, "evidence": "read_file a",
                                                             "source": "x"}])), "invalid"),
