@@ -27,6 +27,7 @@ from attrs import evolve
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+
 from fsm_agent import MessageRequest, OutputSchema
 from fsm_agent.providers import ProviderConfig, create_provider
 from fsm_agent.testing.conversations import Conversation, check_pairing, random_conversation
@@ -40,6 +41,7 @@ from fsm_agent.types import (
     structure,
     unstructure,
 )
+from .test_compaction import _answer, _cancelled, _raises, _slow
 from fsm_agent_middleware.compaction import (
     SUMMARY_PREFIX,
     Compacted,
@@ -143,22 +145,9 @@ def test_pairing_holds_after_every_level(seed: int) -> None:
 
 # -- 2. a failed compaction changes nothing ---------------------------------------------------------
 
-async def _raise(messages: Sequence[Message], schema: OutputSchema) -> Any:
-    raise ConnectionError("summarizer unreachable")
-
-
-async def _hang(messages: Sequence[Message], schema: OutputSchema) -> Any:
-    await asyncio.sleep(5)
-
-
-async def _cancel(messages: Sequence[Message], schema: OutputSchema) -> Any:
-    raise asyncio.CancelledError()
-
-
-def _returns(value: Any) -> Any:
-    async def summarizer(messages: Sequence[Message], schema: OutputSchema) -> Any:
-        return value
-    return summarizer
+# the fault-injecting summarizers of the unit tests (one place): raise, hang past the timeout,
+# be cancelled, answer a fixed value
+_raise, _hang, _cancel, _returns = _raises, _slow, _cancelled, _answer
 
 
 _EMPTY = {"goal": "", "goal_version": 1, "decisions": [], "failures": [], "verified_facts": [], "prohibitions": [],
