@@ -1023,8 +1023,9 @@ def count_tokens(messages: Sequence[Message], *, reported: int | None = None,
     With ``reported`` (the provider's input tokens of the last call) and ``sent`` (that call's
     messages): ``reported`` plus the tiktoken count of what differs since — the messages after
     the longest common prefix, minus those of ``sent`` after it (what came after the last call,
-    and what a compaction changed). Without a report: the tiktoken count plus ``extra`` (the tool
-    definitions, which a report includes).
+    and what a compaction changed), and never less than the tiktoken count of ``messages`` (a
+    provider that reports a placeholder such as 10 is not believed). Without a report: the tiktoken
+    count plus ``extra`` (the tool definitions, which a report includes).
     """
     if reported is None or sent is None:
         return count(messages) + extra
@@ -1032,7 +1033,9 @@ def count_tokens(messages: Sequence[Message], *, reported: int | None = None,
     limit = min(len(messages), len(sent))
     while p < limit and (messages[p] is sent[p] or messages[p] == sent[p]):
         p += 1
-    return max(0, reported + count(messages[p:]) - count(sent[p:]))
+    # never below our own count of the messages: a report far under it (a scripted or proxy
+    # provider that reports a placeholder) would let the context grow past the window unseen
+    return max(reported + count(messages[p:]) - count(sent[p:]), count(messages))
 
 
 # -- the escalation ------------------------------------------------------------------------------

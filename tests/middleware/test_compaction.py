@@ -470,6 +470,8 @@ def test_count_tokens_is_the_report_plus_what_changed() -> None:
     assert rec is not None
     view = apply_records(h, [rec])
     assert count_tokens(view, reported=5000, sent=h) == 5000 + count_message_tokens(view[3:]) - count_message_tokens(h[3:])
+    # a placeholder report (a scripted or proxy provider says 10) is not believed below our own count
+    assert count_tokens(h, reported=10, sent=h[:10]) == count_message_tokens(h)
 
 
 # -- the plugin in real runs -----------------------------------------------------------------------
