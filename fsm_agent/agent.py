@@ -300,7 +300,6 @@ class Agent:
             ResumeError: see :meth:`check_resume`; also when another worker takes the lease first.
         """
         loaded = await self.check_resume(session_id, decisions)
-        rec = loaded.record
         if not await self.store.acquire_lease(session_id, self.worker_id, self.lease_ttl):
             fresh = await self.store.get_session(session_id)
             owner = fresh.lease_owner if fresh is not None else None

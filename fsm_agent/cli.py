@@ -785,9 +785,9 @@ async def _serve(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             return 0
         from .machine.context import RunConfig
 
-        settings = {"provider": "local", "base_url": None, "model": None, "tool_mode": None, "tools": [],
-                    "system": None, "middleware": [], "default_middleware": True, "policy": None,
-                    "approve_tools": [], "local_model": _local_model(None, "local")}
+        settings: dict[str, Any] = {"provider": "local", "base_url": None, "model": None, "tool_mode": None, "tools": [],
+                                    "system": None, "middleware": [], "default_middleware": True, "policy": None,
+                                    "approve_tools": [], "local_model": _local_model(None, "local")}
         async with _AgentFactory(settings, None, err) as factory:
             agent = factory.agent(store, RunConfig(), [])
             await serve(agent, host=args.host, port=args.port, tenants=tenants, cors_origins=args.cors_origin,
