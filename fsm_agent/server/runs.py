@@ -29,7 +29,7 @@ from ..types.run import RunResult, StopReason
 from .notify import Notifier
 
 __all__ = ["DECISION_KEY", "SERVER_STOPPING", "Busy", "LocalRunner", "RunRequest", "Runner", "decision_key", "decision_rounds",
-           "execute", "stored_decisions"]
+           "drain_tasks", "execute", "stored_decisions"]
 
 log = logging.getLogger("fsm_agent.server")
 
@@ -163,6 +163,19 @@ async def _has_controls(store: Store, sid: str) -> bool:
     return await store.peek_controls(sid, [ControlKind.STEER, ControlKind.FOLLOWUP, ControlKind.CANCEL])
 
 
+async def drain_tasks(tasks: list[asyncio.Task[Any]], timeout: float) -> None:
+    """Wait up to ``timeout`` seconds for ``tasks`` to end, then cancel the rest and wait for them
+    (an interrupted run ends on its own; a cancelled one records INTERRUPTED)."""
+    if not tasks:
+        return
+    _done, left = await asyncio.wait(tasks, timeout=timeout)
+    for t in left:
+        t.cancel()
+    for t in left:
+        with contextlib.suppress(BaseException):
+            await t
+
+
 class Runner(abc.ABC):
     """Carries out :class:`RunRequest` s somewhere: in this process (:class:`LocalRunner`) or on
     workers (:class:`fsm_agent.server.queue.QueueRunner`)."""
@@ -254,12 +267,7 @@ class LocalRunner(Runner):
         if not tasks:
             return
         self.agent.interrupt_all(SERVER_STOPPING)
-        _done, left = await asyncio.wait(tasks, timeout=grace)
-        for t in left:
-            t.cancel()
-        for t in left:
-            with contextlib.suppress(BaseException):
-                await t
+        await drain_tasks(tasks, grace)
 
     def __repr__(self) -> str:
         return f"LocalRunner(running={len(self._tasks)})"

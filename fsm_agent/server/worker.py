@@ -40,7 +40,7 @@ from ..store.postgres import QUEUE_CHANNEL, PostgresStore, QueuedRun
 from ..types.codec import structure, unstructure
 from ..types.run import RunResult, StopReason
 from .queue import PgListener, PgLiveDeltas, postgres_of
-from .runs import Busy, RunRequest, execute
+from .runs import Busy, RunRequest, drain_tasks, execute
 
 __all__ = ["STOP_REASON", "Worker", "add_worker_command", "load_agent", "worker_command"]
 
@@ -284,15 +284,7 @@ class Worker:
             log.warning("worker %s: could not give back job %s: %s", self.worker_id, job.job_id, exc)
 
     async def _drain(self) -> None:
-        tasks = list(self._tasks.values())
-        if not tasks:
-            return
-        _done, left = await asyncio.wait(tasks, timeout=self.drain_timeout)
-        for t in left:
-            t.cancel()
-        for t in left:
-            with contextlib.suppress(BaseException):
-                await t
+        await drain_tasks(list(self._tasks.values()), self.drain_timeout)
 
     def __repr__(self) -> str:
         return f"Worker({self.worker_id!r}, running={self.running}, completed={self.completed})"
