@@ -1,0 +1,4 @@
+"""Sandboxes for model-written code (CodeAct): run Python under real OS isolation.
+
+See :mod:`fsm_agent.sandbox.base` for the :class:`Sandbox` protocol.
+"""
