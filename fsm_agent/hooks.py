@@ -32,8 +32,10 @@ from .types.events import (
     ModelStreamEvent,
     ObserverEvent,
     ToolFinished,
+    ToolProgress,
     ToolStarted,
     TransitionEvent,
+    UsageRolledUp,
 )
 
 __all__ = ["HookBus", "Observer"]
@@ -48,6 +50,8 @@ _METHOD = {
     ToolFinished: "on_tool_finished",
     BudgetWarning: "on_budget_warning",
     ApprovalRequested: "on_approval_requested",
+    ToolProgress: "on_tool_progress",
+    UsageRolledUp: "on_usage_rolled_up",
 }
 
 
@@ -67,6 +71,10 @@ class Observer:
     def on_budget_warning(self, event: BudgetWarning) -> Any: ...
 
     def on_approval_requested(self, event: ApprovalRequested) -> Any: ...
+
+    def on_tool_progress(self, event: ToolProgress) -> Any: ...
+
+    def on_usage_rolled_up(self, event: UsageRolledUp) -> Any: ...
 
 
 class HookBus:

@@ -35,10 +35,10 @@ from ..middleware import AskApproval, Deny, Edit, Respond
 from ..store.base import ControlKind, LedgerEntry, LedgerStatus
 from ..tools.execution import execute_tool_call, idempotency_key, result_blocks
 from ..tools.registry import RUN_AGAIN, ToolContext, ToolEffect
-from ..types.codec import structure
+from ..types.codec import structure, unstructure
 from ..types.content import ToolUseBlock
-from ..types.events import ApprovalRequested, ToolFinished, ToolStarted
-from ..types.messages import ToolResultMessage
+from ..types.events import ApprovalRequested, ToolFinished, ToolProgress, ToolStarted, UsageRolledUp
+from ..types.messages import ToolResultMessage, Usage
 from ..types.run import PendingAction, StopReason
 from .journal import ledger_entry
 from .outcome import Move, Outcome, Stop
@@ -62,6 +62,8 @@ class MidTurn:
         """Every result known in this MidTurn (run, denied, answered, decided), by call id."""
         self.done: set[str] = set()
         """Calls that ran to a result in this MidTurn."""
+        self.sink = _RunSink(driver)
+        """Where the tools' progress and usage reports go (the run's log, usage and observers)."""
 
     # -- ledger ---------------------------------------------------------------------------
     def effect(self, call: ToolUseBlock) -> ToolEffect:
@@ -89,7 +91,7 @@ class MidTurn:
 
     def _tool_context(self, call_id: str, name: str, turn: int) -> ToolContext:
         sid = self.d.ctx.session_id
-        return ToolContext(call_id, idempotency_key(sid, call_id), sid, turn, name)
+        return ToolContext(call_id, idempotency_key(sid, call_id), sid, turn, name, self.sink)
 
     async def _reconcile(self, call: ToolUseBlock) -> Any:
         """A side-effect call found started but unfinished: ask its tool what happened."""
@@ -306,8 +308,9 @@ class MidTurn:
         started = time.monotonic()
 
         async def execute(c: ToolUseBlock) -> ToolResultMessage:
+            self.sink.loop = asyncio.get_running_loop()
             return await execute_tool_call(c, ctx.tools, session_id=ctx.session_id, turn=run.turn,
-                                           timeout=run.config.tool_timeout)
+                                           timeout=run.config.tool_timeout, sink=self.sink)
 
         result = await d.chain.tool_call(call, ctx, execute)
         await self.ledger(call, LedgerStatus.FAILED if result.is_error else LedgerStatus.COMPLETED, result)
@@ -316,6 +319,58 @@ class MidTurn:
         if d.bus.wants(ToolFinished):
             await d.bus.emit(ToolFinished(ctx.session_id, run.turn, call, result, time.monotonic() - started))
         return result
+
+
+class _RunSink:
+    """A :class:`~fsm_agent.tools.registry.ToolSink` into the run: each report is logged in the session
+    and delivered to observers; usage is added to the run's (so budgets count it). Reports may come
+    from a tool's worker thread: they are handed to the event loop."""
+
+    __slots__ = ("d", "loop", "tasks")
+
+    def __init__(self, driver: Driver) -> None:
+        self.d = driver
+        self.loop: asyncio.AbstractEventLoop | None = None
+        """The run's event loop (taken when the first call runs)."""
+        self.tasks: set[asyncio.Task[None]] = set()
+
+    def _deliver(self, event: ToolProgress | UsageRolledUp) -> None:
+        d = self.d
+        if isinstance(event, UsageRolledUp):
+            run = d.run_state
+            run.usage = run.usage + event.usage
+            if run.cost_usd is not None:
+                run.cost_usd = None if event.cost_usd is None else run.cost_usd + event.cost_usd
+        if d.journal is not None:
+            d.journal.record(event.TAG, unstructure(event), event.turn)
+        if d.bus.wants(type(event)):
+            task = asyncio.ensure_future(d.bus.emit(event))
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
+
+    def _hand_over(self, event: ToolProgress | UsageRolledUp) -> None:
+        loop = self.loop
+        try:
+            if loop is None or loop.is_closed():
+                return
+            try:
+                running = asyncio.get_running_loop()
+            except RuntimeError:
+                running = None
+            if running is loop:
+                self._deliver(event)
+            else:
+                loop.call_soon_threadsafe(self._deliver, event)
+        except RuntimeError:  # the loop closed meanwhile: the report has nowhere to go
+            pass
+
+    def progress(self, ctx: ToolContext, progress: float, total: float | None, message: str | None) -> None:
+        self._hand_over(ToolProgress(ctx.session_id, ctx.turn, ctx.call_id, ctx.tool_name, progress, total,
+                                     None if message is None else str(message)[:2000]))
+
+    def usage(self, ctx: ToolContext, usage: Usage, cost_usd: float | None, child_session_id: str | None) -> None:
+        self._hand_over(UsageRolledUp(ctx.session_id, ctx.turn, ctx.call_id, ctx.tool_name, usage, cost_usd,
+                                      child_session_id))
 
 
 def _decision_of(text: str) -> tuple[str, Decision] | None:

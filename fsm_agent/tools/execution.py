@@ -26,7 +26,7 @@ from ..errors import ToolArgumentsError
 from ..types.codec import unstructure
 from ..types.content import ContentBlock, ImageBlock, TextBlock, ToolUseBlock
 from ..types.messages import ToolResultMessage
-from .registry import Tool, ToolContext, ToolRegistry
+from .registry import Tool, ToolContext, ToolRegistry, ToolSink
 
 __all__ = ["execute_tool_call", "execute_tool_calls", "idempotency_key", "result_blocks"]
 
@@ -65,10 +65,12 @@ async def execute_tool_call(
     session_id: str = "",
     turn: int = 0,
     timeout: float | None = None,
+    sink: ToolSink | None = None,
 ) -> ToolResultMessage:
     """Run one call and return its result; never raises except on cancellation.
 
-    ``timeout`` (seconds) overrides the tool's own when given.
+    ``timeout`` (seconds) overrides the tool's own when given; ``sink`` receives the tool's
+    progress and usage reports (:class:`~fsm_agent.tools.registry.ToolContext`).
     """
     t: Tool | None = registry.get(call.name)
     if t is None:
@@ -82,7 +84,7 @@ async def execute_tool_call(
         t.validate(call.input)
     except ToolArgumentsError as exc:
         return _error(call, f"{exc}. Call the tool again with corrected arguments.", "invalid_arguments")
-    ctx = ToolContext(call.id, idempotency_key(session_id, call.id), session_id, turn, call.name)
+    ctx = ToolContext(call.id, idempotency_key(session_id, call.id), session_id, turn, call.name, sink)
     kwargs = t.bind(call.input, ctx)
     limit = t.timeout if timeout is None else timeout
     try:

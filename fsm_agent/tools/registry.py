@@ -23,15 +23,16 @@ import re
 import types
 import typing
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, Literal, Union, get_args, get_origin
+from typing import Any, Literal, Protocol, Union, get_args, get_origin
 
 import attrs
-from attrs import frozen
+from attrs import field, frozen
 
 from ..errors import ConfigurationError, ToolArgumentsError, ToolDefinitionError
+from ..types.messages import Usage
 from ..types.requests import ToolDefinition
 
-__all__ = ["RUN_AGAIN", "Tool", "ToolContext", "ToolEffect", "ToolRegistry", "tool"]
+__all__ = ["RUN_AGAIN", "Tool", "ToolContext", "ToolEffect", "ToolRegistry", "ToolSink", "tool"]
 
 _NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 DEFAULT_TOOL_TIMEOUT = 600.0
@@ -62,6 +63,15 @@ class ToolEffect(str, enum.Enum):
     SIDE_EFFECT = "side_effect"
 
 
+class ToolSink(Protocol):
+    """Where a running tool's reports go (the driver gives one; see :class:`ToolContext`). Both
+    methods may be called from any thread, and never raise."""
+
+    def progress(self, ctx: ToolContext, progress: float, total: float | None, message: str | None) -> None: ...
+
+    def usage(self, ctx: ToolContext, usage: Usage, cost_usd: float | None, child_session_id: str | None) -> None: ...
+
+
 @frozen
 class ToolContext:
     """Passed to a tool parameter annotated ``ToolContext``; hidden from the model."""
@@ -73,6 +83,22 @@ class ToolContext:
     session_id: str
     turn: int
     tool_name: str
+    sink: ToolSink | None = field(default=None, eq=False, repr=False)
+    """Where :meth:`report_progress` and :meth:`add_usage` go (the run's driver); ``None``: nowhere."""
+
+    def report_progress(self, progress: float, total: float | None = None, message: str | None = None) -> None:
+        """Tell observers and the session log how far the call is (a
+        :class:`~fsm_agent.types.events.ToolProgress` event). Thread-safe; never raises."""
+        if self.sink is not None:
+            self.sink.progress(self, float(progress), None if total is None else float(total), message)
+
+    def add_usage(self, usage: Usage, cost_usd: float | None, *, child_session_id: str | None = None) -> None:
+        """Add model usage this call caused elsewhere (a sub-agent's session) to the run's usage and cost
+        (a :class:`~fsm_agent.types.events.UsageRolledUp` event); the run's token and cost budgets
+        count it from then on. ``cost_usd`` ``None``: unknown, which makes the run's cost unknown.
+        Thread-safe; never raises."""
+        if self.sink is not None:
+            self.sink.usage(self, usage, cost_usd, child_session_id)
 
 
 _DOC_ARGS = re.compile(r"^\s*(Args|Arguments|Parameters|Params)\s*:\s*$", re.I)

@@ -19,8 +19,10 @@ from .events import (
     ModelStreamEvent,
     ObserverEvent,
     ToolFinished,
+    ToolProgress,
     ToolStarted,
     TransitionEvent,
+    UsageRolledUp,
 )
 from .messages import (
     AssistantMessage,
@@ -96,6 +98,7 @@ __all__ = [
     "ToolCallEnd",
     "ToolDefinition",
     "ToolFinished",
+    "ToolProgress",
     "ToolResultBlock",
     "ToolResultMessage",
     "ToolStarted",
@@ -103,6 +106,7 @@ __all__ = [
     "TransitionEvent",
     "TurnRecord",
     "Usage",
+    "UsageRolledUp",
     "UserImageMessage",
     "UserMessage",
     "converter",

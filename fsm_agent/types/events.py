@@ -11,7 +11,7 @@ from typing import ClassVar, Union
 from attrs import frozen
 
 from .content import ToolUseBlock
-from .messages import ToolResultMessage
+from .messages import ToolResultMessage, Usage
 from .run import PendingAction
 from .stream import StreamEvent
 
@@ -22,8 +22,10 @@ __all__ = [
     "ModelStreamEvent",
     "ObserverEvent",
     "ToolFinished",
+    "ToolProgress",
     "ToolStarted",
     "TransitionEvent",
+    "UsageRolledUp",
 ]
 
 
@@ -131,5 +133,40 @@ class ApprovalRequested:
     pending: tuple[PendingAction, ...]
 
 
+@frozen
+class ToolProgress:
+    """A running tool reported progress (``ToolContext.report_progress``: an MCP server's progress
+    notifications, a sub-agent's turns); written to the session log as ``tool_progress``."""
+
+    TAG: ClassVar[str] = "tool_progress"
+    session_id: str
+    turn: int
+    call_id: str
+    tool: str
+    progress: float
+    """Work done so far, in the tool's own unit (increases)."""
+    total: float | None = None
+    """The work in all, in the same unit, when known."""
+    message: str | None = None
+
+
+@frozen
+class UsageRolledUp:
+    """A tool's own model usage was added to the run's (``ToolContext.add_usage``: a sub-agent's
+    session, a remote agent's reported cost); written to the session log as ``usage_rolled_up``.
+    The run's token and cost budgets count it from then on."""
+
+    TAG: ClassVar[str] = "usage_rolled_up"
+    session_id: str
+    turn: int
+    call_id: str
+    tool: str
+    usage: Usage
+    cost_usd: float | None
+    """USD of that usage; ``None``: unknown (the run's cost becomes unknown too)."""
+    child_session_id: str | None = None
+    """The sub-agent's session, when the usage is a child session's."""
+
+
 ObserverEvent = Union[TransitionEvent, ModelStreamEvent, ModelRetry, ToolStarted, ToolFinished, BudgetWarning,
-                      ApprovalRequested]
+                      ApprovalRequested, ToolProgress, UsageRolledUp]
