@@ -21,6 +21,8 @@
         │                              whether retrying may help
         ├── StructuredOutputError      the answer still does not match the declared output schema
         │                              after the repair turn (carries the last result)
+        ├── InvalidPlanError (+ValueError)  a plan breaks its rules: duplicate or unknown node ids,
+        │                              a dependency cycle (carries every problem found)
         └── ProviderError              anything a provider call can fail with; carries
             │                          status, body, headers (lower-cased), provider, retryable
             ├── RateLimitError         429 (retry_after seconds when the server says)
@@ -72,6 +74,7 @@ __all__ = [
     "ExtraTypeError",
     "FsmAgentError",
     "InvalidHistoryError",
+    "InvalidPlanError",
     "InvalidRequestError",
     "LeaseLost",
     "MiddlewareError",
@@ -226,6 +229,23 @@ class StructuredOutputError(RunError):
         self.response = response
         calls = "1 call" if attempts == 1 else f"{attempts} calls"
         super().__init__(f"the answer does not match output schema {schema_name!r} after {calls}: {error}")
+
+
+class InvalidPlanError(RunError, ValueError):
+    """A plan (:class:`~fsm_agent.types.Plan`) breaks its rules: no nodes, a duplicate node id, a
+    dependency on an unknown node, a dependency cycle, an open node that depends on a failed or
+    skipped one, more than one running node, a version that goes back.
+
+    Raised by :meth:`~fsm_agent.types.Plan.validate` and by ``ctx.update_plan``; the PlanAct plugin
+    sends the problems back to the planner and stops the run, typed, when they persist.
+
+    Attributes:
+        problems: every problem found, one sentence each (``node 's3' depends on unknown node 's9'``).
+    """
+
+    def __init__(self, problems: list[str] | tuple[str, ...]) -> None:
+        self.problems = tuple(problems)
+        super().__init__("invalid plan: " + "; ".join(self.problems))
 
 
 class SessionConflictError(LeaseLost):
