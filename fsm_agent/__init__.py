@@ -26,6 +26,7 @@ from .errors import (
     StoreError,
     StructuredOutputError,
     ToolArgumentsError,
+    ToolError,
     UserError,
 )
 from .hooks import HookBus, Observer
@@ -164,6 +165,7 @@ __all__ = [
     "ToolContext",
     "ToolDecision",
     "ToolEffect",
+    "ToolError",
     "ToolFinished",
     "ToolMode",
     "ToolProgress",

@@ -13,6 +13,8 @@
     │   └── SessionExistsError (+KeyError)  a new run given the id of a session that exists
     └── RunError                       a failure while a run is under way
         ├── ToolArgumentsError         a tool call's arguments do not match its schema
+        ├── ToolError                  a tool answers its call with an error result (the model reads
+        │                              it; the run goes on), e.g. an MCP server's ``isError``
         ├── MiddlewareError            a fail-closed middleware raised (wraps the cause)
         ├── LeaseLost                  another worker holds the session's lease; this one must stop writing
         │   └── SessionConflictError   another writer appended to the session since this one read it
@@ -62,6 +64,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from .types.content import ContentBlock
     from .types.requests import MessageResponse
 
 __all__ = [
@@ -101,6 +104,7 @@ __all__ = [
     "StructuredOutputError",
     "ToolArgumentsError",
     "ToolDefinitionError",
+    "ToolError",
     "UserError",
 ]
 
@@ -163,6 +167,27 @@ class ToolArgumentsError(RunError):
 
     The driver turns it into an error tool result the model sees; it never ends a run.
     """
+
+
+class ToolError(RunError):
+    """Raised by a tool to answer its call with an error result rather than a value.
+
+    The runtime does not treat it as a crash: the call gets a
+    :class:`~fsm_agent.types.ToolResultMessage` with ``is_error`` set whose content is ``content``
+    (content blocks: text, images) or, when that is empty, the message; ``kind`` goes into the
+    result's ``metadata["error"]`` (the runtime's own kinds are ``unknown_tool``, ``invalid_json``,
+    ``invalid_arguments``, ``timeout`` and ``exception``). The model reads the result and the run
+    goes on; the ledger records the call ``failed``.
+    """
+
+    def __init__(self, message: str, *, content: tuple[ContentBlock, ...] = (), kind: str = "tool_error") -> None:
+        super().__init__(message)
+        self.message = message
+        """What went wrong and what the model can do about it."""
+        self.content = tuple(content)
+        """The result's content blocks; empty: the message is the result."""
+        self.kind = kind
+        """A short machine-readable tag for ``metadata["error"]``."""
 
 
 class MiddlewareError(RunError):

@@ -22,7 +22,7 @@ from typing import Any
 import attrs
 import orjson
 
-from ..errors import ToolArgumentsError
+from ..errors import ToolArgumentsError, ToolError
 from ..types.codec import unstructure
 from ..types.content import ContentBlock, ImageBlock, TextBlock, ToolUseBlock
 from ..types.messages import ToolResultMessage
@@ -69,6 +69,9 @@ async def execute_tool_call(
 ) -> ToolResultMessage:
     """Run one call and return its result; never raises except on cancellation.
 
+    A tool that raises :class:`~fsm_agent.errors.ToolError` answers with an error result of its
+    own content; any other exception becomes ``Tool 'x' failed: <type>: <message>``.
+
     ``timeout`` (seconds) overrides the tool's own when given; ``sink`` receives the tool's
     progress and usage reports (:class:`~fsm_agent.tools.registry.ToolContext`).
     """
@@ -104,6 +107,9 @@ async def execute_tool_call(
         return _error(call, f"Tool {call.name!r} timed out after {limit:g} s.", "timeout")
     except asyncio.CancelledError:
         raise
+    except ToolError as exc:  # the tool's own error answer, not a crash
+        return ToolResultMessage(call.id, exc.content or exc.message, is_error=True, name=call.name,
+                                 metadata={"error": exc.kind})
     except Exception as exc:  # noqa: BLE001 - a tool's failure is the model's information
         return _error(call, f"Tool {call.name!r} failed: {type(exc).__name__}: {exc}", "exception")
     return ToolResultMessage(call.id, result_blocks(value), name=call.name)
