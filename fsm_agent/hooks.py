@@ -9,6 +9,7 @@ plain callable that receives every event:
 * ``on_tool_started(ToolStarted)`` / ``on_tool_finished(ToolFinished)``;
 * ``on_budget_warning(BudgetWarning)``;
 * ``on_approval_requested(ApprovalRequested)`` — tool calls wait for a person;
+* ``on_plan_updated(PlanUpdated)`` — the run's plan changed (PlanAct);
 * ``on_event(event)`` — everything, after the specific method.
 
 Methods may be sync or async. Observers run in registration order; an async
@@ -31,6 +32,7 @@ from .types.events import (
     ModelRetry,
     ModelStreamEvent,
     ObserverEvent,
+    PlanUpdated,
     ToolFinished,
     ToolProgress,
     ToolStarted,
@@ -52,6 +54,7 @@ _METHOD = {
     ApprovalRequested: "on_approval_requested",
     ToolProgress: "on_tool_progress",
     UsageRolledUp: "on_usage_rolled_up",
+    PlanUpdated: "on_plan_updated",
 }
 
 
@@ -75,6 +78,8 @@ class Observer:
     def on_tool_progress(self, event: ToolProgress) -> Any: ...
 
     def on_usage_rolled_up(self, event: UsageRolledUp) -> Any: ...
+
+    def on_plan_updated(self, event: PlanUpdated) -> Any: ...
 
 
 class HookBus:

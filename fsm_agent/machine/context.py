@@ -1,12 +1,15 @@
 """What middleware sees of a run: :class:`RunContext`, a read-only view of the run state plus the
-two things a plugin may write.
+three things a plugin may write.
 
 A plugin may write:
 
 * ``ctx.messages`` — the context of the next model call (rebuilt from the transcript at each
   PreTurn; PreTurn middleware may rewrite it: repair, redaction, compaction);
 * ``ctx.settings`` — :class:`~fsm_agent.machine.state.TurnSettings` for the next call (active
-  tools, tools enabled, max output tokens).
+  tools, tools enabled, max output tokens);
+* the run's plan, through one narrow write: :meth:`RunContext.update_plan` replaces it whole
+  (validated), logs a ``plan_updated`` event, and the next checkpoint carries it (PlanAct).
+  ``ctx.plan`` reads it; a :class:`~fsm_agent.types.Plan` is frozen, so it cannot be changed in place.
 
 Everything else is read-only: the driver's own state (:class:`~fsm_agent.machine.state.RunState`)
 is not reachable through the view, so no plugin can move a counter, the ledger or a decision.
@@ -20,8 +23,11 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
+from ..errors import InvalidPlanError
 from ..types.content import ToolUseBlock
+from ..types.events import PlanUpdated
 from ..types.messages import Message, Usage
+from ..types.plan import Plan
 from ..types.requests import MessageRequest, MessageResponse
 from .config import RunConfig
 from .definition import MachineState
@@ -56,8 +62,9 @@ class CallProvider(Protocol):
 class RunContext:
     """The plugin's view of one run (valid for one run or resume).
 
-    Read-only properties mirror the run state (``turn``, ``usage``, ``cost_usd``, ``last_response``
-    ...); ``messages`` and ``settings`` are the plugin's to write.
+    Read-only properties mirror the run state (``turn``, ``usage``, ``cost_usd``, ``last_response``,
+    ``plan`` ...); ``messages`` and ``settings`` are the plugin's to write, and the plan is
+    replaced only through :meth:`update_plan`.
     """
 
     __slots__ = ("_run", "_states", "_outbox", "call_provider", "machine", "messages", "provider", "session_id",
@@ -103,7 +110,33 @@ class RunContext:
         the run, so middleware cannot await them."""
         self._outbox.append(event)
 
+    def update_plan(self, plan: Plan, reason: str) -> None:
+        """Replace the run's plan with ``plan`` (PlanAct: planned, a node started, passed or
+        failed, a replan).
+
+        The plan is kept in the run state, so the next checkpoint carries it and a resumed run
+        gets it back; a :class:`~fsm_agent.types.PlanUpdated` event with the whole plan and
+        ``reason`` goes to the observers and into the session log as ``plan_updated`` (after the
+        current hook returns, like :meth:`emit`).
+
+        Raises:
+            InvalidPlanError: the plan breaks a rule (:meth:`~fsm_agent.types.Plan.problems`), or its
+                version is below the current plan's; the run's plan is left as it was.
+        """
+        plan.validate()
+        old = self._run.plan
+        if old is not None and plan.version < old.version:
+            raise InvalidPlanError([f"version {plan.version} is below the current plan's {old.version}; a plan's "
+                                    "version only goes up (Plan.replan adds one)"])
+        self._run.plan = plan
+        self.emit(PlanUpdated(self.session_id, self._run.turn, plan, reason))
+
     # -- read-only view of the run state ----------------------------------------------------
+    @property
+    def plan(self) -> Plan | None:
+        """The run's plan (frozen), or ``None`` when none was made; replace it with :meth:`update_plan`."""
+        return self._run.plan
+
     @property
     def config(self) -> RunConfig:
         """Budgets and settings of this run."""

@@ -10,8 +10,8 @@ before each step it names, so a checkpoint never copies it (a copy in every chec
 the store quadratically with the tool results). The driver holds the ledger beside the state.
 
 Plugins never see this object: they get a :class:`~fsm_agent.machine.context.RunContext`, a
-read-only view of it plus the two things a plugin may write (``messages`` and
-:class:`TurnSettings`).
+read-only view of it plus the things a plugin may write (``messages``, :class:`TurnSettings`,
+and the plan through ``ctx.update_plan``).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from attrs import define, field
 from ..control import Decision
 from ..types.content import ToolUseBlock
 from ..types.messages import ToolResultMessage, Usage
+from ..types.plan import Plan
 from ..types.requests import MessageResponse
 from .config import RunConfig
 from .phases import Phase
@@ -91,3 +92,6 @@ class RunState:
     """Seq of the event that started the current turn (the user message, a tool result, a control)."""
     metadata: dict[str, Any] = field(factory=dict)
     """JSON-safe data of later capabilities (plans, compaction) that ride the checkpoint."""
+    plan: Plan | None = None
+    """The run's plan (PlanAct), or ``None`` when no plugin made one; written only through
+    ``ctx.update_plan``. Checkpoints older than this field load with ``None``."""

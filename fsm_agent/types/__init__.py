@@ -18,6 +18,7 @@ from .events import (
     ModelRetry,
     ModelStreamEvent,
     ObserverEvent,
+    PlanUpdated,
     ToolFinished,
     ToolProgress,
     ToolStarted,
@@ -35,6 +36,16 @@ from .messages import (
     UserMessage,
 )
 from .pairing import pairing_problems
+from .plan import (
+    MAX_ID_CHARS,
+    NodeStatus,
+    Plan,
+    PlanNode,
+    Replan,
+    ReplanTrigger,
+    nodes_from_output,
+    plan_output_schema,
+)
 from .requests import MessageRequest, MessageResponse, ThinkingConfig, ToolDefinition
 from .run import ContextRef, PendingAction, RunResult, RunStop, StopReason, TurnRecord
 from .stream import (
@@ -71,6 +82,7 @@ __all__ = [
     "ExtensionBlock",
     "FileBlock",
     "ImageBlock",
+    "MAX_ID_CHARS",
     "Message",
     "MessageComplete",
     "MessageRequest",
@@ -79,11 +91,17 @@ __all__ = [
     "ModelRetry",
     "ModelStopReason",
     "ModelStreamEvent",
+    "NodeStatus",
     "ObserverEvent",
     "OutputSchema",
     "PartialMessageResponse",
     "PendingAction",
+    "Plan",
+    "PlanNode",
+    "PlanUpdated",
     "RefusalDelta",
+    "Replan",
+    "ReplanTrigger",
     "RunResult",
     "RunStop",
     "StopReason",
@@ -116,8 +134,10 @@ __all__ = [
     "estimate_request_tokens",
     "events_for_response",
     "loads",
+    "nodes_from_output",
     "pairing_problems",
     "parse_tool_arguments",
+    "plan_output_schema",
     "structure",
     "unstructure",
 ]

@@ -12,6 +12,7 @@ from attrs import frozen
 
 from .content import ToolUseBlock
 from .messages import ToolResultMessage, Usage
+from .plan import Plan
 from .run import PendingAction
 from .stream import StreamEvent
 
@@ -21,6 +22,7 @@ __all__ = [
     "ModelRetry",
     "ModelStreamEvent",
     "ObserverEvent",
+    "PlanUpdated",
     "ToolFinished",
     "ToolProgress",
     "ToolStarted",
@@ -168,5 +170,20 @@ class UsageRolledUp:
     """The sub-agent's session, when the usage is a child session's."""
 
 
+@frozen
+class PlanUpdated:
+    """The run's plan changed (``ctx.update_plan``: planned, a node started, passed or failed, a
+    replan); written to the session log as ``plan_updated``. The last one holds the plan a
+    checkpoint taken after it carries (``RunState.plan``)."""
+
+    TAG: ClassVar[str] = "plan_updated"
+    session_id: str
+    turn: int
+    plan: Plan
+    """The whole plan after the change."""
+    reason: str
+    """What changed and why, in words (``node s2 failed its check: ...; replanned``)."""
+
+
 ObserverEvent = Union[TransitionEvent, ModelStreamEvent, ModelRetry, ToolStarted, ToolFinished, BudgetWarning,
-                      ApprovalRequested, ToolProgress, UsageRolledUp]
+                      ApprovalRequested, ToolProgress, UsageRolledUp, PlanUpdated]

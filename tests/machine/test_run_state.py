@@ -15,7 +15,17 @@ from fsm_agent.control import Decision as _Decision
 from fsm_agent.machine import RunState, TurnSettings
 from fsm_agent.providers import text_response, tool_call_response
 from fsm_agent.store import LedgerStatus, MemoryStore, SQLiteStore, read_turns
-from fsm_agent.types import ToolResultMessage, ToolUseBlock, Usage, UserMessage
+from fsm_agent.types import (
+    NodeStatus,
+    Plan,
+    PlanNode,
+    Replan,
+    ReplanTrigger,
+    ToolResultMessage,
+    ToolUseBlock,
+    Usage,
+    UserMessage,
+)
 from fsm_agent.types.codec import structure, unstructure
 from fsm_agent_middleware.approval import HumanApproval
 
@@ -47,6 +57,11 @@ def _non_default(cls: type) -> dict:
         "transcript_len": 9,
         "turn_input_seq": 17,
         "metadata": {"plan": {"node": 2}},
+        "plan": Plan("ship it", (PlanNode("a", "build", acceptance="tests pass", status=NodeStatus.PASSED, attempts=2,
+                                          result="built", verdict="ok", evidence=("grader:1",), started_turn=1),
+                                 PlanNode("b", "deploy", ("a",), check="deployed", status=NodeStatus.RUNNING)),
+                     version=2, goal_version=3,
+                     history=(Replan(2, ReplanTrigger.FAILED, "a failed", 2, "a", ("c",), ("b",)),)),
     }
 
 
@@ -75,10 +90,16 @@ async def test_checkpoints_do_not_copy_the_ledger_or_grow_with_the_tool_results(
     assert len(await store.ledger(result.session_id)) == 8
 
 
+def test_a_checkpoint_written_before_the_plan_field_loads_without_a_plan() -> None:
+    data = unstructure(RunState(turn=2))
+    del data["plan"]
+    assert structure(data, RunState) == RunState(turn=2)
+
+
 def test_plugins_cannot_write_the_run_state() -> None:
     ctx = Agent(ScriptedProvider([])).new_context([UserMessage("hi")])
     for name in ("turn", "usage", "cost_usd", "tool_calls_made", "last_response", "pending_calls", "goal_version",
-                 "context_retry", "config", "evidence"):
+                 "context_retry", "config", "evidence", "plan"):
         with pytest.raises(AttributeError):
             setattr(ctx, name, getattr(ctx, name))
     with pytest.raises(TypeError):

@@ -1,0 +1,457 @@
+"""A typed plan (issue 12, PlanAct): nodes with goals, dependencies and acceptance checks.
+
+A :class:`Plan` is a frozen value. It lives in the run state (``RunState.plan``), so every
+checkpoint carries it, and a plugin replaces it whole through ``ctx.update_plan(plan, reason)``,
+which logs a ``plan_updated`` event with the plan and the reason. Every change makes a new value:
+:meth:`Plan.with_node` (a node's status, attempts, verdict), :meth:`Plan.start` (a node begins),
+:meth:`Plan.replan` (the remaining plan rewritten: the version goes up by one and the change is
+kept in :attr:`Plan.history`).
+
+The rules (:meth:`Plan.problems`, :meth:`Plan.validate`):
+
+* at least one node; node ids are unique, non-empty, at most :data:`MAX_ID_CHARS` characters;
+* every dependency names a node of the plan, and not the node itself;
+* the dependencies have no cycle;
+* an open node (pending or running) depends on no failed or skipped node (it could never run);
+* at most one node is running.
+
+:func:`plan_output_schema` is the JSON Schema a planner's (or replanner's) answer must match;
+:func:`nodes_from_output` turns a matching answer into nodes.
+
+    >>> plan = Plan("Write a report", (PlanNode("a", "Collect the data"),
+    ...                                PlanNode("b", "Write the report", depends_on=("a",))))
+    >>> [n.id for n in plan.validate().ready()]
+    ['a']
+    >>> plan = plan.start("a", turn=1).with_node("a", status=NodeStatus.PASSED, attempts=1)
+    >>> [n.id for n in plan.ready()]
+    ['b']
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from attrs import evolve, field, frozen
+
+from ..errors import InvalidPlanError
+from .structured import OutputSchema
+
+__all__ = [
+    "MAX_ID_CHARS",
+    "NodeStatus",
+    "Plan",
+    "PlanNode",
+    "Replan",
+    "ReplanTrigger",
+    "nodes_from_output",
+    "plan_output_schema",
+]
+
+MAX_ID_CHARS = 32
+"""The longest node id (characters)."""
+
+
+class NodeStatus(str, enum.Enum):
+    """Where a node of a plan stands."""
+
+    PENDING = "pending"
+    """Not started; it runs once every node it depends on has passed."""
+    RUNNING = "running"
+    """The node the model is working on (at most one at a time)."""
+    PASSED = "passed"
+    """Its acceptance check passed; a replan keeps it, with its result."""
+    FAILED = "failed"
+    """Its check failed and the plan could not be repaired (the replan budget was spent)."""
+    SKIPPED = "skipped"
+    """A replan dropped it (superseded); it never runs."""
+
+    @property
+    def open(self) -> bool:
+        """Pending or running: the node still has to pass."""
+        return self in (NodeStatus.PENDING, NodeStatus.RUNNING)
+
+
+class ReplanTrigger(str, enum.Enum):
+    """Why the remaining plan was rewritten."""
+
+    FAILED = "failed"
+    """A node failed its acceptance check."""
+    STALE = "stale"
+    """A node ran for too many turns without an answer to check."""
+    STEER = "steer"
+    """The user changed the goal (a Steer: the goal version went up)."""
+    RESUMED = "resumed"
+    """A person resumed a run that had stopped because the plan could not be repaired."""
+
+
+def _strings(value: Iterable[str]) -> tuple[str, ...]:
+    return tuple(value)
+
+
+@frozen
+class PlanNode:
+    """One step of a plan."""
+
+    id: str
+    """Unique within the plan (1 to :data:`MAX_ID_CHARS` characters), e.g. ``"s2"``."""
+    goal: str
+    """What this step must achieve, as the instruction given to the model."""
+    depends_on: tuple[str, ...] = field(default=(), converter=_strings)
+    """Ids of the nodes that must pass before this one starts."""
+    acceptance: str = ""
+    """The acceptance check in words: what a correct result of this step looks like (what a model
+    grader judges against)."""
+    check: str | None = None
+    """The name of a programmatic check registered with the plugin (``PlanAct(checks={name: ...})``),
+    or ``None``: the acceptance text is judged (by a model grader, by default)."""
+    status: NodeStatus = NodeStatus.PENDING
+    """Where the node stands."""
+    attempts: int = 0
+    """How many times its result was checked (passing included): 2 means one failed check, then
+    one more."""
+    result: str | None = None
+    """A summary of the answer last checked (its first characters), or ``None`` before any check."""
+    verdict: str | None = None
+    """The reason the last check gave (why it passed or failed), or ``None`` before any check."""
+    evidence: tuple[str, ...] = field(default=(), converter=_strings)
+    """References the last check rests on (a grader's response id, a test id)."""
+    started_turn: int | None = None
+    """The run's turn count (model calls) when the node last started running; ``None`` before."""
+
+
+@frozen
+class Replan:
+    """One rewrite of a plan's remaining nodes, kept in :attr:`Plan.history`."""
+
+    version: int
+    """The plan version this replan produced."""
+    trigger: ReplanTrigger
+    """What caused it."""
+    reason: str
+    """Why, in words (the failed check's reason, the new direction ...)."""
+    turn: int
+    """The run's turn count (model calls) when it happened."""
+    node: str | None = None
+    """The node whose failure (or staleness) caused it; ``None`` for a steer."""
+    dropped: tuple[str, ...] = field(default=(), converter=_strings)
+    """Ids of open (or failed) nodes the replan left out: they are now ``skipped``."""
+    added: tuple[str, ...] = field(default=(), converter=_strings)
+    """Ids of the nodes the replan wrote (new, or rewritten with an existing id)."""
+
+
+def _nodes(value: Iterable[PlanNode]) -> tuple[PlanNode, ...]:
+    return tuple(value)
+
+
+def _replans(value: Iterable[Replan]) -> tuple[Replan, ...]:
+    return tuple(value)
+
+
+@frozen
+class Plan:
+    """A goal broken into nodes with dependencies (see the module doc for the rules)."""
+
+    goal: str
+    """The task the plan serves."""
+    nodes: tuple[PlanNode, ...] = field(converter=_nodes)
+    """Every node, in the order written (passed and skipped ones included)."""
+    version: int = 1
+    """1 for the first plan; each :meth:`replan` adds one."""
+    goal_version: int = 1
+    """The run's goal version the plan was made for (a Steer raises the run's: the plan is then stale)."""
+    history: tuple[Replan, ...] = field(default=(), converter=_replans)
+    """Every replan, oldest first."""
+
+    # -- reading ---------------------------------------------------------------------------
+    @property
+    def replans(self) -> int:
+        """How many times the remaining plan was rewritten (``len(history)``)."""
+        return len(self.history)
+
+    def node(self, node_id: str) -> PlanNode:
+        """The node ``node_id``.
+
+        Raises:
+            KeyError: no such node.
+        """
+        for n in self.nodes:
+            if n.id == node_id:
+                return n
+        raise KeyError(node_id)
+
+    @property
+    def current(self) -> PlanNode | None:
+        """The running node, or ``None``."""
+        return next((n for n in self.nodes if n.status is NodeStatus.RUNNING), None)
+
+    def order(self) -> tuple[PlanNode, ...]:
+        """Every node in dependency order (a node after the nodes it depends on; ties keep the
+        written order). Nodes in a cycle, or after an unknown dependency, come last as written."""
+        ids = {n.id for n in self.nodes}
+        placed: set[str] = set()
+        out: list[PlanNode] = []
+        left = list(self.nodes)
+        while left:
+            for i, n in enumerate(left):
+                if all(d in placed or d not in ids for d in n.depends_on if d != n.id):
+                    out.append(n)
+                    placed.add(n.id)
+                    del left[i]
+                    break
+            else:
+                out.extend(left)
+                break
+        return tuple(out)
+
+    def ready(self) -> tuple[PlanNode, ...]:
+        """The pending nodes whose dependencies have all passed, in dependency order: the first is
+        the next to run."""
+        passed = {n.id for n in self.nodes if n.status is NodeStatus.PASSED}
+        return tuple(n for n in self.order()
+                     if n.status is NodeStatus.PENDING and all(d in passed for d in n.depends_on))
+
+    @property
+    def done(self) -> bool:
+        """Every node passed or was skipped, and at least one passed."""
+        return (all(n.status in (NodeStatus.PASSED, NodeStatus.SKIPPED) for n in self.nodes)
+                and any(n.status is NodeStatus.PASSED for n in self.nodes))
+
+    def problems(self) -> list[str]:
+        """Every rule the plan breaks, one sentence each (empty: the plan is valid)."""
+        out: list[str] = []
+        if not self.nodes:
+            return ["the plan has no nodes"]
+        seen: set[str] = set()
+        for n in self.nodes:
+            if not n.id.strip():
+                out.append(f"a node has an empty id (goal {n.goal[:60]!r})")
+            elif len(n.id) > MAX_ID_CHARS:
+                out.append(f"node id {n.id[:40]!r}… is longer than {MAX_ID_CHARS} characters")
+            if n.id in seen:
+                out.append(f"node id {n.id!r} is used by more than one node")
+            seen.add(n.id)
+            if not n.goal.strip():
+                out.append(f"node {n.id!r} has an empty goal")
+        by_id = {n.id: n for n in self.nodes}
+        for n in self.nodes:
+            for d in n.depends_on:
+                if d == n.id:
+                    out.append(f"node {n.id!r} depends on itself")
+                elif d not in by_id:
+                    out.append(f"node {n.id!r} depends on unknown node {d!r}")
+                elif n.status.open and by_id[d].status in (NodeStatus.FAILED, NodeStatus.SKIPPED):
+                    out.append(f"open node {n.id!r} depends on {by_id[d].status.value} node {d!r}, so it can never run")
+        cycle = self._cycle(by_id)
+        if cycle:
+            out.append("dependency cycle: " + " -> ".join(cycle))
+        running = [n.id for n in self.nodes if n.status is NodeStatus.RUNNING]
+        if len(running) > 1:
+            out.append(f"{len(running)} nodes are running ({', '.join(running)}); at most one may run")
+        if self.version < 1:
+            out.append(f"version {self.version} is below 1")
+        return out
+
+    def _cycle(self, by_id: Mapping[str, PlanNode]) -> list[str]:
+        """One dependency cycle as ``[a, b, a]``, or ``[]``."""
+        state: dict[str, int] = {}  # 1: on the path, 2: done
+        path: list[str] = []
+
+        def visit(node_id: str) -> list[str]:
+            state[node_id] = 1
+            path.append(node_id)
+            for d in by_id[node_id].depends_on:
+                if d == node_id or d not in by_id:
+                    continue
+                if state.get(d) == 1:
+                    return path[path.index(d):] + [d]
+                if d not in state:
+                    found = visit(d)
+                    if found:
+                        return found
+            path.pop()
+            state[node_id] = 2
+            return []
+
+        for node_id in by_id:
+            if node_id not in state:
+                found = visit(node_id)
+                if found:
+                    return found
+        return []
+
+    def validate(self) -> Plan:
+        """The plan itself when it keeps every rule.
+
+        Raises:
+            InvalidPlanError: with every problem found (:meth:`problems`).
+        """
+        problems = self.problems()
+        if problems:
+            raise InvalidPlanError(problems)
+        return self
+
+    # -- changing (new values) -------------------------------------------------------------
+    def with_node(self, node_id: str, **changes: Any) -> Plan:
+        """The plan with node ``node_id``'s fields changed (``status=``, ``attempts=`` ...); the
+        version stays (only a replan changes it).
+
+        Raises:
+            KeyError: no such node.
+        """
+        self.node(node_id)
+        return evolve(self, nodes=tuple(evolve(n, **changes) if n.id == node_id else n for n in self.nodes))
+
+    def start(self, node_id: str, *, turn: int) -> Plan:
+        """The plan with ``node_id`` running since ``turn`` (a node that was running is set back
+        to pending).
+
+        Raises:
+            KeyError: no such node.
+        """
+        self.node(node_id)
+        nodes = []
+        for n in self.nodes:
+            if n.id == node_id:
+                n = evolve(n, status=NodeStatus.RUNNING, started_turn=turn)
+            elif n.status is NodeStatus.RUNNING:
+                n = evolve(n, status=NodeStatus.PENDING)
+            nodes.append(n)
+        return evolve(self, nodes=tuple(nodes))
+
+    def replan(self, nodes: Sequence[PlanNode], *, trigger: ReplanTrigger, reason: str, turn: int,
+               node: str | None = None, goal_version: int | None = None) -> Plan:
+        """The plan with its remaining nodes rewritten: the next version.
+
+        Passed nodes stay as they are, with their results. ``nodes`` are the new remaining nodes
+        (status pending); one with the id of an earlier open or failed node replaces it and keeps
+        its ``attempts``. Earlier open or failed nodes left out become ``skipped``. The change is
+        appended to :attr:`history`. The result is not validated (call :meth:`validate`).
+
+        Raises:
+            InvalidPlanError: a new node reuses the id of a passed node (a passed node is never
+                rewritten).
+        """
+        passed = {n.id for n in self.nodes if n.status is NodeStatus.PASSED}
+        clash = [n.id for n in nodes if n.id in passed]
+        if clash:
+            raise InvalidPlanError([f"node {i!r} already passed and cannot be rewritten; give the new node "
+                                    "another id" for i in clash])
+        new_ids = {n.id for n in nodes}
+        earlier = {n.id: n for n in self.nodes}
+        kept: list[PlanNode] = []
+        dropped: list[str] = []
+        for n in self.nodes:
+            if n.status is NodeStatus.PASSED or n.status is NodeStatus.SKIPPED and n.id not in new_ids:
+                kept.append(n)
+            elif n.id not in new_ids:
+                kept.append(evolve(n, status=NodeStatus.SKIPPED))
+                dropped.append(n.id)
+        written = [evolve(n, status=NodeStatus.PENDING, started_turn=None,
+                          attempts=earlier[n.id].attempts if n.id in earlier else n.attempts)
+                   for n in nodes]
+        version = self.version + 1
+        record = Replan(version, trigger, reason, turn, node, tuple(dropped), tuple(n.id for n in nodes))
+        return evolve(self, nodes=(*kept, *written), version=version, history=(*self.history, record),
+                      goal_version=self.goal_version if goal_version is None else goal_version)
+
+    # -- presenting ------------------------------------------------------------------------
+    def describe(self) -> list[str]:
+        """Human-readable lines: a header, one line per node (dependency order), one per replan."""
+        passed = sum(n.status is NodeStatus.PASSED for n in self.nodes)
+        live = sum(n.status is not NodeStatus.SKIPPED for n in self.nodes)
+        replans = f"{self.replans} replan" + ("" if self.replans == 1 else "s")
+        lines = [f"plan v{self.version} ({replans}): {passed} of {live} nodes passed — {_line(self.goal, 100)}"]
+        for n in self.order():
+            after = f" (after {', '.join(n.depends_on)})" if n.depends_on else ""
+            tries = f", {n.attempts} attempt" + ("" if n.attempts == 1 else "s") if n.attempts else ""
+            lines.append(f"  [{n.status.value:<7}] {n.id}: {_line(n.goal, 80)}{after}{tries}")
+            if n.verdict:
+                lines.append(f"            check: {_line(n.verdict, 100)}")
+        for r in self.history:
+            on = f" {r.node}" if r.node else ""
+            lines.append(f"  replan -> v{r.version} at turn {r.turn} ({r.trigger.value}{on}): {_line(r.reason, 100)}")
+        return lines
+
+
+def _line(text: str, limit: int) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
+def plan_output_schema(*, name: str = "plan", min_nodes: int = 1, max_nodes: int = 8,
+                       checks: Sequence[str] = (), max_chars: int | None = None) -> OutputSchema:
+    """The JSON Schema of a planner's answer: ``{"nodes": [{"id", "goal", "depends_on",
+    "acceptance"[, "check"]}]}``.
+
+    Args:
+        name: the schema's name (``plan`` for a planner, ``replan`` for a replanner).
+        min_nodes: fewest nodes (``minItems``).
+        max_nodes: most nodes (``maxItems``).
+        checks: names of the programmatic checks a node may name; with none, nodes have no
+            ``check`` key. The key is then required, one of the names or ``null``.
+        max_chars: ``maxLength`` on every string (and ``maxItems`` ``max_nodes`` on
+            ``depends_on``): a grammar-constrained server (llama.cpp) then cannot let a small model
+            run on until the output limit cuts the JSON. ``None``: no bound.
+
+    Raises:
+        ConfigurationError: ``min_nodes`` < 1 or ``max_nodes`` < ``min_nodes``.
+    """
+    from ..errors import ConfigurationError
+
+    if min_nodes < 1 or max_nodes < min_nodes:
+        raise ConfigurationError(f"a plan needs 1 <= min_nodes <= max_nodes (got {min_nodes}, {max_nodes})")
+
+    def text(limit: int | None = max_chars) -> dict[str, Any]:
+        s: dict[str, Any] = {"type": "string", "minLength": 1}
+        if limit is not None:
+            s["maxLength"] = limit
+        return s
+
+    deps: dict[str, Any] = {"type": "array", "items": text(MAX_ID_CHARS)}
+    if max_chars is not None:
+        deps["maxItems"] = max_nodes
+    props: dict[str, Any] = {"id": text(MAX_ID_CHARS), "goal": text(), "depends_on": deps, "acceptance": text()}
+    if checks:
+        props["check"] = {"enum": [*checks, None]}
+    node = {"type": "object", "properties": props, "required": list(props), "additionalProperties": False}
+    schema = {"type": "object",
+              "properties": {"nodes": {"type": "array", "items": node, "minItems": min_nodes, "maxItems": max_nodes}},
+              "required": ["nodes"], "additionalProperties": False}
+    return OutputSchema(name, schema, "the plan's steps: ids, goals, dependencies, acceptance checks")
+
+
+def nodes_from_output(value: Any) -> tuple[PlanNode, ...]:
+    """Pending nodes from a planner's answer (a value matching :func:`plan_output_schema`).
+
+    Ids, goals and dependencies are stripped of surrounding spaces; a repeated dependency is kept once.
+
+    Raises:
+        InvalidPlanError: the value does not have the answer's shape (no ``nodes`` list, a node
+            that is not an object, a field of the wrong type).
+    """
+    if not isinstance(value, Mapping) or not isinstance(value.get("nodes"), list):
+        raise InvalidPlanError(['the answer must be an object with a "nodes" list'])
+    out: list[PlanNode] = []
+    problems: list[str] = []
+    for i, raw in enumerate(value["nodes"]):
+        if not isinstance(raw, Mapping):
+            problems.append(f"nodes[{i}] is not an object")
+            continue
+        node_id, goal, acceptance = raw.get("id"), raw.get("goal"), raw.get("acceptance", "")
+        deps, check = raw.get("depends_on", []), raw.get("check")
+        if not isinstance(node_id, str) or not isinstance(goal, str) or not isinstance(acceptance, str):
+            problems.append(f"nodes[{i}]: id, goal and acceptance must be strings")
+            continue
+        if not isinstance(deps, list) or not all(isinstance(d, str) for d in deps):
+            problems.append(f"nodes[{i}]: depends_on must be a list of node ids")
+            continue
+        if check is not None and not isinstance(check, str):
+            problems.append(f"nodes[{i}]: check must be a check name or null")
+            continue
+        unique = tuple(dict.fromkeys(d.strip() for d in deps))
+        out.append(PlanNode(node_id.strip(), goal.strip(), unique, acceptance.strip(), check))
+    if problems:
+        raise InvalidPlanError(problems)
+    return tuple(out)
