@@ -10,12 +10,14 @@ from .base import (
     LeaseLost,
     LedgerEntry,
     LedgerStatus,
+    LinkKind,
+    SessionLink,
     SessionRecord,
     Store,
     WriteBatch,
 )
 from .memory import MemoryStore
-from .sessions import LoadedSession, load_session, read_turns, send_control, upgrade_checkpoint, upgrade_event
+from .sessions import LoadedSession, descendants, load_session, read_turns, send_control, upgrade_checkpoint, upgrade_event
 from .sqlite import SQLiteStore
 
 __all__ = [
@@ -26,15 +28,18 @@ __all__ = [
     "LeaseLost",
     "LedgerEntry",
     "LedgerStatus",
+    "LinkKind",
     "LoadedSession",
     "MemoryStore",
     "PostgresStore",
     "QUEUED",
     "SCHEMA_VERSION",
     "SQLiteStore",
+    "SessionLink",
     "SessionRecord",
     "Store",
     "WriteBatch",
+    "descendants",
     "load_session",
     "read_turns",
     "send_control",

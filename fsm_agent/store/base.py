@@ -15,6 +15,9 @@ Records and their compatibility rules (``SCHEMA_VERSION``; see ``docs/schema.md`
 * :class:`ControlRecord` — a control event (interrupt, cancel, steer, followup) queued by any
   thread or process, consumed by the driving worker at a safe point.
 * :class:`SessionRecord` — the session's row: state, stop payload, lease, metadata.
+* :class:`SessionLink` — a child session's link to the parent session that started it (an agent
+  called as a tool, a handoff, a worker of a leader, a remote task), with the parent's tool-call
+  id where there is one (``session_links`` table, migration 3).
 
 Every write a driver makes at one point goes through :meth:`Store.write` as one transaction.
 
@@ -53,9 +56,12 @@ __all__ = [
     "LeaseLost",
     "LedgerEntry",
     "LedgerStatus",
+    "LinkKind",
+    "SessionLink",
     "SessionRecord",
     "Store",
     "WriteBatch",
+    "check_link",
     "new_id",
 ]
 
@@ -66,6 +72,16 @@ whole run state; see docs/schema.md)."""
 
 def new_id() -> str:
     return uuid.uuid4().hex
+
+
+def check_link(link: SessionLink) -> None:
+    """Raise ``ValueError`` for a link no store may keep (see :meth:`Store.link_session`)."""
+    for name in ("child_id", "parent_id", "kind"):
+        value = getattr(link, name)
+        if not isinstance(value, str) or not value:
+            raise ValueError(f"a session link needs a non-empty {name}, got {value!r}")
+    if link.child_id == link.parent_id:
+        raise ValueError(f"session {link.child_id!r} cannot be its own parent")
 
 
 class LedgerStatus(str, enum.Enum):
@@ -195,6 +211,41 @@ class SessionRecord:
     """Unix time the lease expires."""
 
 
+class LinkKind(str, enum.Enum):
+    """How a child session came to be (:class:`SessionLink` ``kind``). The store keeps any
+    non-empty string; these are the names fsm_agent writes."""
+
+    AGENT_TOOL = "agent_tool"
+    """An agent called as a tool by its parent's model (``fsm_agent.orchestration.agent_tool``)."""
+    HANDOFF = "handoff"
+    """An agent that took over from its parent with a recovery package (``fsm_agent.orchestration.handoff``)."""
+    WORKER = "worker"
+    """A worker of a leader (``fsm_agent.orchestration.team``)."""
+    REMOTE = "remote"
+    """A task of a remote agent (A2A); its ``child_id`` names no session of this store."""
+
+
+@frozen
+class SessionLink:
+    """A child session's link to its parent: written before the child starts, never changed.
+
+    A child has one parent (``child_id`` is unique); a parent has any number of children.
+    """
+
+    child_id: str
+    """The child session's id (or, for a ``remote`` link, the remote task's id)."""
+    parent_id: str
+    """The session that started the child."""
+    kind: str
+    """How: a :class:`LinkKind` value (``agent_tool``, ``handoff``, ``worker``, ``remote``) or another name."""
+    call_id: str | None = None
+    """The parent's tool-call id that started the child, or ``None`` (a handoff, a worker of an orchestrator)."""
+    metadata: dict[str, Any] = field(factory=dict)
+    """Free data (the sub-agent's tool name, a worker's index, a remote agent's URL ...)."""
+    created_at: float = field(factory=time.time)
+    """Unix time (seconds) the link was written."""
+
+
 @frozen
 class WriteBatch:
     """Everything one safe point writes, committed as one transaction.
@@ -320,6 +371,43 @@ class Store(abc.ABC):
             NotImplementedError: this store keeps no idempotency keys.
         """
         raise NotImplementedError(f"{type(self).__name__} keeps no idempotency keys")
+
+    async def link_session(self, link: SessionLink) -> tuple[SessionLink, bool]:
+        """Record ``link`` (a child session's parent) unless ``link.child_id`` has a link already.
+
+        Atomic across processes and hosts: of two racing callers exactly one stores its link. The
+        child session need not exist yet (links are written before the child starts, and a
+        ``remote`` child is no session of this store).
+
+        Returns:
+            ``(link, True)`` when this call stored it; ``(the earlier link, False)`` when the child
+            had one (it is never changed: compare its ``parent_id`` with yours).
+
+        Raises:
+            KeyError: ``link.parent_id`` is no session of this store.
+            ValueError: an empty ``child_id``, ``parent_id`` or ``kind``, or a child that is its own parent.
+            NotImplementedError: this store keeps no links.
+            StoreError: the store could not be read or written.
+        """
+        raise NotImplementedError(f"{type(self).__name__} keeps no session links")
+
+    async def parent(self, session_id: str) -> SessionLink | None:
+        """The link of ``session_id`` to its parent, or ``None`` for a session no parent started.
+
+        Raises:
+            NotImplementedError: this store keeps no links.
+            StoreError: the store could not be read.
+        """
+        raise NotImplementedError(f"{type(self).__name__} keeps no session links")
+
+    async def children(self, session_id: str) -> list[SessionLink]:
+        """The links of the sessions ``session_id`` started, oldest first (none for an unknown session).
+
+        Raises:
+            NotImplementedError: this store keeps no links.
+            StoreError: the store could not be read.
+        """
+        raise NotImplementedError(f"{type(self).__name__} keeps no session links")
 
     async def close(self) -> None:
         """Release connections (idempotent)."""

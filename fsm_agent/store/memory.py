@@ -10,7 +10,18 @@ from typing import Any
 from attrs import evolve
 
 from ..errors import LeaseLost, SessionConflictError, SessionExistsError
-from .base import Checkpoint, ControlKind, ControlRecord, EventRecord, LedgerEntry, SessionRecord, Store, WriteBatch
+from .base import (
+    Checkpoint,
+    ControlKind,
+    ControlRecord,
+    EventRecord,
+    LedgerEntry,
+    SessionLink,
+    SessionRecord,
+    Store,
+    WriteBatch,
+    check_link,
+)
 
 __all__ = ["MemoryStore"]
 
@@ -31,6 +42,8 @@ class MemoryStore(Store):
         self._ledger: dict[str, dict[str, LedgerEntry]] = {}
         self._controls: dict[str, list[ControlRecord]] = {}
         self._idempotency: dict[str, dict[str, dict[str, Any]]] = {}
+        self._links: dict[str, SessionLink] = {}
+        """Links by child id (insertion order is creation order)."""
 
     async def create_session(self, record: SessionRecord) -> None:
         if record.session_id in self._sessions:
@@ -126,3 +139,19 @@ class MemoryStore(Store):
 
     async def idempotency_records(self, session_id: str, prefix: str = "") -> dict[str, dict[str, Any]]:
         return {k: v for k, v in self._idempotency.get(session_id, {}).items() if k.startswith(prefix)}
+
+    async def link_session(self, link: SessionLink) -> tuple[SessionLink, bool]:
+        check_link(link)
+        if link.parent_id not in self._sessions:
+            raise KeyError(f"unknown parent session {link.parent_id}")
+        kept = self._links.get(link.child_id)
+        if kept is not None:
+            return kept, False
+        self._links[link.child_id] = link
+        return link, True
+
+    async def parent(self, session_id: str) -> SessionLink | None:
+        return self._links.get(session_id)
+
+    async def children(self, session_id: str) -> list[SessionLink]:
+        return sorted((x for x in self._links.values() if x.parent_id == session_id), key=lambda x: x.created_at)

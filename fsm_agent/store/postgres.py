@@ -45,9 +45,11 @@ from .base import (
     EventRecord,
     LedgerEntry,
     LedgerStatus,
+    SessionLink,
     SessionRecord,
     Store,
     WriteBatch,
+    check_link,
 )
 
 __all__ = ["EVENTS_CHANNEL", "LIVE_CHANNEL", "MIGRATIONS", "NOTIFY_MAX", "QUEUE_CHANNEL", "PostgresStore",
@@ -89,6 +91,13 @@ MIGRATIONS: tuple[str, ...] = (
         available_at DOUBLE PRECISION NOT NULL, attempts INTEGER NOT NULL DEFAULT 0,
         claimed_by TEXT, claimed_until DOUBLE PRECISION, created_at DOUBLE PRECISION NOT NULL);
     CREATE INDEX run_queue_available ON run_queue(available_at);
+    """,
+    # 3: parent/child links between sessions (fsm_agent.orchestration)
+    """
+    CREATE TABLE session_links (
+        child_id TEXT PRIMARY KEY, parent_id TEXT NOT NULL, kind TEXT NOT NULL, call_id TEXT,
+        metadata JSONB NOT NULL, created_at DOUBLE PRECISION NOT NULL);
+    CREATE INDEX session_links_parent ON session_links(parent_id, created_at);
     """,
 )
 _LOCK_ID = 0x46534D41  # "FSMA": the advisory lock taken while migrating
@@ -504,6 +513,44 @@ class PostgresStore(Store):
             rows = await pool.fetch("SELECT key, value FROM idempotency WHERE session_id=$1 AND starts_with(key, $2) "
                                     "ORDER BY ts", session_id, prefix)
         return {r[0]: _l(r[1]) for r in rows}
+
+    # -- parent/child links -----------------------------------------------------------------
+    _LINK_COLS = "child_id, parent_id, kind, call_id, metadata, created_at"
+
+    @staticmethod
+    def _link(r: Any) -> SessionLink:
+        return SessionLink(r[0], r[1], r[2], r[3], _l(r[4]), r[5])
+
+    async def link_session(self, link: SessionLink) -> tuple[SessionLink, bool]:
+        check_link(link)
+        pool = await self.pool()
+        with self._guard("link_session"):
+            # one statement: the parent's existence, the insert and the earlier link (when there is one)
+            row = await pool.fetchrow(
+                f"WITH p AS (SELECT 1 FROM sessions WHERE session_id=$2), "
+                f"i AS (INSERT INTO session_links ({self._LINK_COLS}) SELECT $1,$2,$3,$4,$5::jsonb,$6 "
+                "WHERE EXISTS (SELECT 1 FROM p) ON CONFLICT (child_id) DO NOTHING RETURNING child_id) "
+                "SELECT EXISTS (SELECT 1 FROM p), EXISTS (SELECT 1 FROM i)",
+                link.child_id, link.parent_id, link.kind, link.call_id, _j(link.metadata), link.created_at)
+            if not row[0]:
+                raise KeyError(f"unknown parent session {link.parent_id}")
+            if row[1]:
+                return link, True
+            kept = await pool.fetchrow(f"SELECT {self._LINK_COLS} FROM session_links WHERE child_id=$1", link.child_id)
+        return self._link(kept), False
+
+    async def parent(self, session_id: str) -> SessionLink | None:
+        pool = await self.pool()
+        with self._guard("parent"):
+            r = await pool.fetchrow(f"SELECT {self._LINK_COLS} FROM session_links WHERE child_id=$1", session_id)
+        return self._link(r) if r else None
+
+    async def children(self, session_id: str) -> list[SessionLink]:
+        pool = await self.pool()
+        with self._guard("children"):
+            rows = await pool.fetch(f"SELECT {self._LINK_COLS} FROM session_links WHERE parent_id=$1 "
+                                    "ORDER BY created_at, child_id", session_id)
+        return [self._link(r) for r in rows]
 
     # -- the run queue of fsm_agent.server.queue; clocks are the database's ------------------
     async def enqueue_run(self, job_id: str, session_id: str, kind: str, payload: dict[str, Any],

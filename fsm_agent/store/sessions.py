@@ -21,9 +21,20 @@ from ..types.codec import structure
 from ..types.messages import AssistantMessage, Message, ModelStopReason
 from ..types.requests import MessageResponse
 from ..types.run import StopReason, TurnRecord
-from .base import SCHEMA_VERSION, Checkpoint, ControlKind, ControlRecord, EventRecord, LedgerEntry, SessionRecord, Store
+from .base import (
+    SCHEMA_VERSION,
+    Checkpoint,
+    ControlKind,
+    ControlRecord,
+    EventRecord,
+    LedgerEntry,
+    SessionLink,
+    SessionRecord,
+    Store,
+)
 
-__all__ = ["LoadedSession", "load_session", "read_turns", "send_control", "upgrade_checkpoint", "upgrade_event"]
+__all__ = ["LoadedSession", "descendants", "load_session", "read_turns", "send_control", "upgrade_checkpoint",
+           "upgrade_event"]
 
 
 def upgrade_event(record: EventRecord) -> EventRecord:
@@ -147,3 +158,27 @@ async def send_control(store: Store, session_id: str, kind: ControlKind, text: s
     if stopped is not None:
         return f"queued {kind.value} for session {session_id} ({stopped.value}): it applies when the session is resumed"
     return f"queued {kind.value} for session {session_id}"
+
+
+async def descendants(store: Store, session_id: str) -> list[SessionLink]:
+    """Every link below ``session_id`` (children, their children ...), breadth first, each
+    parent's children oldest first. A link seen twice (a cycle written by hand) is followed once.
+
+    Raises:
+        NotImplementedError: the store keeps no links.
+        StoreError: the store could not be read.
+    """
+    found: list[SessionLink] = []
+    seen = {session_id}
+    frontier = [session_id]
+    while frontier:
+        nxt: list[str] = []
+        for sid in frontier:
+            for link in await store.children(sid):
+                if link.child_id in seen:
+                    continue
+                seen.add(link.child_id)
+                found.append(link)
+                nxt.append(link.child_id)
+        frontier = nxt
+    return found

@@ -47,9 +47,11 @@ from .base import (
     EventRecord,
     LedgerEntry,
     LedgerStatus,
+    SessionLink,
     SessionRecord,
     Store,
     WriteBatch,
+    check_link,
 )
 
 __all__ = ["MIGRATIONS", "SQLiteStore"]
@@ -86,6 +88,13 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE TABLE idempotency (
         session_id TEXT NOT NULL, key TEXT NOT NULL, value BLOB NOT NULL, ts REAL NOT NULL,
         PRIMARY KEY (session_id, key)) WITHOUT ROWID;
+    """,
+    # 3: parent/child links between sessions (fsm_agent.orchestration)
+    """
+    CREATE TABLE session_links (
+        child_id TEXT PRIMARY KEY, parent_id TEXT NOT NULL, kind TEXT NOT NULL, call_id TEXT,
+        metadata BLOB NOT NULL, created_at REAL NOT NULL) WITHOUT ROWID;
+    CREATE INDEX session_links_parent ON session_links(parent_id, created_at);
     """,
 )
 """Schema migrations, applied in order; ``schema_migrations`` records what a database has."""
@@ -468,6 +477,40 @@ class SQLiteStore(Store):
             rows = self._db.execute("SELECT key, value FROM idempotency WHERE session_id=? AND substr(key, 1, ?)=? "
                                     "ORDER BY ts", (session_id, len(prefix), prefix)).fetchall()
         return {r[0]: orjson.loads(r[1]) for r in rows}
+
+    # -- parent/child links -----------------------------------------------------------------
+    _LINK_COLS = "child_id, parent_id, kind, call_id, metadata, created_at"
+
+    @staticmethod
+    def _link(r: tuple[Any, ...]) -> SessionLink:
+        return SessionLink(r[0], r[1], r[2], r[3], orjson.loads(r[4]), r[5])
+
+    async def link_session(self, link: SessionLink) -> tuple[SessionLink, bool]:
+        check_link(link)
+        db = self._db
+        with self._transaction("link_session"):
+            if db.execute("SELECT 1 FROM sessions WHERE session_id=?", (link.parent_id,)).fetchone() is None:
+                raise KeyError(f"unknown parent session {link.parent_id}")
+            cur = db.execute(f"INSERT OR IGNORE INTO session_links ({self._LINK_COLS}) VALUES (?,?,?,?,?,?)",
+                             (link.child_id, link.parent_id, link.kind, link.call_id, _j(link.metadata),
+                              link.created_at))
+            if cur.rowcount == 1:
+                return link, True
+            row = db.execute(f"SELECT {self._LINK_COLS} FROM session_links WHERE child_id=?",
+                             (link.child_id,)).fetchone()
+        return self._link(row), False
+
+    async def parent(self, session_id: str) -> SessionLink | None:
+        with self._guard("parent"):
+            row = self._db.execute(f"SELECT {self._LINK_COLS} FROM session_links WHERE child_id=?",
+                                   (session_id,)).fetchone()
+        return self._link(row) if row else None
+
+    async def children(self, session_id: str) -> list[SessionLink]:
+        with self._guard("children"):
+            rows = self._db.execute(f"SELECT {self._LINK_COLS} FROM session_links WHERE parent_id=? "
+                                    "ORDER BY created_at, child_id", (session_id,)).fetchall()
+        return [self._link(r) for r in rows]
 
     # -- WAL checkpoints, off the event loop -------------------------------------------------
     def _start_wal_checkpoint(self) -> None:
