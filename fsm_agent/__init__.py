@@ -29,6 +29,7 @@ from .errors import (
     ToolArgumentsError,
     ToolError,
     UserError,
+    WaitForHuman,
 )
 from .hooks import HookBus, Observer
 from .machine import TRANSITIONS, Phase, RunConfig, RunContext, Trigger
@@ -190,6 +191,7 @@ __all__ = [
     "UsageRolledUp",
     "UserError",
     "UserMessage",
+    "WaitForHuman",
     "__version__",
     "create_provider",
     "default_middleware",

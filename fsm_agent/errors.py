@@ -49,7 +49,9 @@
 Control-flow signals form their own family, outside :class:`FsmAgentError`::
 
     Signal
-    └── StopRun                        middleware asks the driver to end the run with a StopReason
+    ├── StopRun                        middleware asks the driver to end the run with a StopReason
+    └── WaitForHuman                   a tool's call cannot finish without a person: the run stops
+                                       WAITING_HUMAN with that call pending
 
 The driver never treats a signal as a failure.
 
@@ -106,6 +108,7 @@ __all__ = [
     "ToolDefinitionError",
     "ToolError",
     "UserError",
+    "WaitForHuman",
 ]
 
 
@@ -524,3 +527,30 @@ class StopRun(Signal):
         self.reason = reason
         self.detail = detail
         self.payload = payload
+
+
+class WaitForHuman(Signal):
+    """Signal: raised by a tool whose call cannot finish without a person (a sub-agent waiting for
+    an approval, a remote agent asking for input).
+
+    The driver does not record a result for the call: the other calls of the batch finish and keep
+    theirs, and the run stops WAITING_HUMAN with this call pending (``PendingAction.reason`` is
+    ``reason``; ``detail`` is the stop's detail and ``required_decision``). A resume with a
+    decision on the call settles it: ``approve`` runs it again with the same idempotency key and
+    the decision in :attr:`fsm_agent.ToolContext.decision`; ``reject`` and ``respond`` give its
+    result without running it. A resume without one runs the call again (a ``pure`` or
+    ``idempotent`` tool; a ``side_effect`` one goes through its ``on_reconcile``), which may raise
+    this again. Ignored by Hang-Wait (``RunConfig.approval_timeout``): the run stops.
+
+    Attributes:
+        detail: what the person must decide, in words they can act on.
+        reason: the pending action's reason code (``waiting_human`` unless given).
+        allowed_decisions: the decision kinds the call accepts (default approve, reject, respond).
+    """
+
+    def __init__(self, detail: str, *, reason: str = "waiting_human",
+                 allowed_decisions: tuple[str, ...] = ("approve", "reject", "respond")) -> None:
+        super().__init__(detail)
+        self.detail = detail
+        self.reason = reason
+        self.allowed_decisions = tuple(allowed_decisions)

@@ -555,9 +555,14 @@ class Driver:
         if during is Phase.MODEL and not self._answered_with_calls():
             kept = self._keep_interrupted_answer()
             return Stop(StopReason.INTERRUPTED, f"{text} (during Model{kept})")
+        mt = self.midturn
+        cut = {c.id for c in self.run_state.pending_calls if c.id in mt.started_ids and c.id not in mt.settled}
         pending = await self._close_open_calls(keep_unstarted=True)
         if pending:
-            return Stop(StopReason.INTERRUPTED, f"{text} (before the tool calls started)",
+            resumed = [c.name for c in pending if c.id in cut]
+            how = (f"{', '.join(resumed)} left open, to continue on resume" if resumed
+                   else "before the tool calls started")
+            return Stop(StopReason.INTERRUPTED, f"{text} ({how})",
                         {"pending_actions": tuple(PendingAction(c, "interrupted") for c in pending),
                          "last_safe_point": Phase.MID_TURN.value})
         return Stop(StopReason.INTERRUPTED, f"{text} (during {during.value})")
@@ -593,8 +598,11 @@ class Driver:
 
     async def _close_open_calls(self, *, keep_unstarted: bool) -> list[ToolUseBlock]:
         """After MidTurn stopped early, give every open tool call its result: what it returned if it
-        ran, "outcome unknown" if it was in flight, "not run" if it never started. With
-        ``keep_unstarted`` and no call started, the calls stay pending (returned) to run on resume."""
+        ran, "outcome unknown" if it was in flight (or left open in flight by an earlier interrupt),
+        "not run" if it never started. With ``keep_unstarted`` (an interrupt) the calls stay pending
+        (returned) to run on resume when none had started, or when every call cut in flight is of a
+        ``resumable`` tool (those run again with the same idempotency key; the ones that finished keep
+        their results in the ledger)."""
         run = self.run_state
         if not run.pending_calls or (self.ctx.machine.state is not Phase.MID_TURN and not self._answered_with_calls()):
             return []
@@ -608,10 +616,16 @@ class Driver:
         mt = self.midturn
         if keep_unstarted and not any(c.id in mt.started_ids or c.id in mt.settled for c in open_calls):
             return open_calls
+        cut = [c for c in open_calls if c.id in mt.started_ids and c.id not in mt.settled]
+        if keep_unstarted and cut and all(getattr(self.ctx.tools.get(c.name), "resumable", False) for c in cut):
+            # every call cut in flight continues on resume; the finished ones keep their results
+            run.decided_results = dict(mt.settled)
+            return open_calls
         for c in open_calls:
             res = mt.settled.get(c.id)
             if res is None:
-                if c.id in mt.started_ids:
+                entry = self.ledger.get(c.id)
+                if c.id in mt.started_ids or (entry is not None and entry.status is LedgerStatus.STARTED):
                     res = ToolResultMessage(c.id, "The run stopped while this tool call was running; its outcome is "
                                             "unknown: it may or may not have taken effect.", is_error=True,
                                             name=c.name, metadata={"synthetic": "interrupted"})
@@ -631,12 +645,14 @@ class Driver:
         run = self.run_state
         unconfirmed = []
         for entry in list(self.ledger.values()):
-            if entry.effect != ToolEffect.SIDE_EFFECT.value or entry.status not in (
-                    LedgerStatus.COMPLETED, LedgerStatus.INTERRUPTED, LedgerStatus.STARTED):
+            if entry.status not in (LedgerStatus.COMPLETED, LedgerStatus.INTERRUPTED, LedgerStatus.STARTED):
+                continue
+            side_effect = entry.effect == ToolEffect.SIDE_EFFECT.value
+            if not side_effect and not self.midturn.compensable(entry):
                 continue
             if await self.midturn.compensate(entry):
                 continue
-            if not run.cancel_confirmed:
+            if side_effect and not run.cancel_confirmed:
                 unconfirmed.append(entry)
         if unconfirmed and self.ctx.machine.can_fire(Trigger.WAIT_HUMAN) and self.journal is not None:
             names = ", ".join(f"{e.tool}({e.call_id})" + ("" if e.status is LedgerStatus.COMPLETED else

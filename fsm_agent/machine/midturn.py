@@ -16,7 +16,9 @@ Calls to run get ``approved`` and then ``started`` (one durable write for the ba
 effects) before any of them starts, then run in parallel inside the composed ``wrap_tool_call``
 chain; each result is written (``completed`` / ``failed``) as it arrives. When one call's chain
 raises (``StopRun``, a fail-closed middleware), the other calls are cancelled and the driver
-closes every open call (see :meth:`~fsm_agent.machine.driver.Driver._close_open_calls`).
+closes every open call (see :meth:`~fsm_agent.machine.driver.Driver._close_open_calls`). A call
+whose tool raises :class:`~fsm_agent.errors.WaitForHuman` gets no result: the others finish, and
+the run stops WAITING_HUMAN with that call pending (its ledger entry stays ``started``).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import orjson
 from attrs import evolve
 
 from ..control import Decision
-from ..errors import ToolArgumentsError
+from ..errors import ToolArgumentsError, WaitForHuman
 from ..middleware import AskApproval, Deny, Edit, Respond
 from ..store.base import ControlKind, LedgerEntry, LedgerStatus
 from ..tools.execution import execute_tool_call, idempotency_key, result_blocks
@@ -62,6 +64,8 @@ class MidTurn:
         """Every result known in this MidTurn (run, denied, answered, decided), by call id."""
         self.done: set[str] = set()
         """Calls that ran to a result in this MidTurn."""
+        self.suspended: dict[str, WaitForHuman] = {}
+        """Calls whose tool raised :class:`WaitForHuman` in this MidTurn (no result), by call id."""
         self.sink = _RunSink(driver)
         """Where the tools' progress and usage reports go (the run's log, usage and observers)."""
 
@@ -105,16 +109,24 @@ class MidTurn:
             return outcome
         return ToolResultMessage(call.id, result_blocks(outcome), name=call.name, metadata={"reconciled": True})
 
+    def compensable(self, entry: LedgerEntry) -> bool:
+        """Whether the tool of ``entry`` has an ``on_compensate`` hook."""
+        tool = self.d.ctx.tools.get(entry.tool)
+        return tool is not None and tool.compensate is not None
+
     async def compensate(self, entry: LedgerEntry) -> bool:
-        """Run the tool's ``on_compensate`` for a side effect that happened (or may have); ``True`` when
-        it was compensated (the ledger then says ``rejected``)."""
+        """Run the tool's ``on_compensate`` for a call that happened (or may have); ``True`` when it was
+        compensated (the ledger then says ``rejected``), ``False`` without a hook or when the hook
+        returned ``False`` (nothing undone: the entry stays as it was)."""
         d = self.d
         tool = d.ctx.tools.get(entry.tool)
         if tool is None or tool.compensate is None:
             return False
         out = tool.compensate(entry.arguments, entry.result, self._tool_context(entry.call_id, entry.tool, entry.turn))
         if inspect.isawaitable(out):
-            await out
+            out = await out
+        if out is False:
+            return False
         compensated = evolve(entry, status=LedgerStatus.REJECTED, updated_at=time.time())
         d.ledger[entry.call_id] = compensated
         if d.journal is not None:
@@ -158,6 +170,7 @@ class MidTurn:
         self.settled = results
         self.started_ids = set()
         self.done = set()
+        self.suspended = {}
         to_run: list[ToolUseBlock] = []
         pending: list[PendingAction] = []
         approved: dict[str, Decision] = {}  # a person's decisions whose calls have not run yet
@@ -228,7 +241,15 @@ class MidTurn:
                          "required_decision": "approve, edit, reject or respond to each pending tool call",
                          "last_safe_point": Phase.MID_TURN.value})
         if to_run:
-            await self._execute(to_run, results)
+            await self._execute(to_run, results, approved)
+        if self.suspended:
+            # the other calls have their results (in the ledger too); these wait for a person
+            run.decided_results = dict(results)
+            waiting = [(c, self.suspended[c.id]) for c in calls if c.id in self.suspended]
+            return Stop(StopReason.WAITING_HUMAN, "; ".join(f"{c.name}({c.id}): {w.detail}" for c, w in waiting),
+                        {"pending_actions": tuple(PendingAction(c, w.reason, w.allowed_decisions) for c, w in waiting),
+                         "required_decision": "; ".join(w.detail for _, w in waiting),
+                         "last_safe_point": Phase.MID_TURN.value})
         announce = d.bus.wants(ToolFinished)
         for call in calls:
             res = results[call.id]
@@ -259,7 +280,8 @@ class MidTurn:
                 ask = dec
         return decided, final, status, ask
 
-    async def _execute(self, to_run: list[ToolUseBlock], results: dict[str, ToolResultMessage]) -> None:
+    async def _execute(self, to_run: list[ToolUseBlock], results: dict[str, ToolResultMessage],
+                       approved: dict[str, Decision]) -> None:
         """``started`` for every call (durably, in one write, when any has effects), then all in parallel.
         If one call's chain raises, the others are cancelled before the error goes on."""
         d = self.d
@@ -270,10 +292,11 @@ class MidTurn:
         # Only now can a tool begin: a stop that lands during the write above finds them not run
         # (a later ``not_run`` entry supersedes a ``started`` that did reach the store).
         self.started_ids.update(c.id for c in to_run)
-        tasks = [asyncio.ensure_future(self._run_tool(c)) for c in to_run]
+        tasks = [asyncio.ensure_future(self._run_tool(c, approved.get(c.id))) for c in to_run]
         try:
             for r in await asyncio.gather(*tasks):
-                results[r.tool_call_id] = r
+                if r is not None:
+                    results[r.tool_call_id] = r
         except BaseException:
             for t in tasks:
                 t.cancel()
@@ -298,7 +321,9 @@ class MidTurn:
                 await asyncio.sleep(min(d.control_poll, max(0.0, deadline - time.monotonic())))
         return list(waiting.values()), decided
 
-    async def _run_tool(self, call: ToolUseBlock) -> ToolResultMessage:
+    async def _run_tool(self, call: ToolUseBlock, decision: Decision | None = None) -> ToolResultMessage | None:
+        """Run one call through the chain and record its result; ``None`` when its tool raised
+        :class:`WaitForHuman` (nothing recorded: its ledger entry stays ``started``)."""
         d = self.d
         ctx, run = d.ctx, d.run_state
         run.tool_calls_made += 1
@@ -310,9 +335,13 @@ class MidTurn:
         async def execute(c: ToolUseBlock) -> ToolResultMessage:
             self.sink.loop = asyncio.get_running_loop()
             return await execute_tool_call(c, ctx.tools, session_id=ctx.session_id, turn=run.turn,
-                                           timeout=run.config.tool_timeout, sink=self.sink)
+                                           timeout=run.config.tool_timeout, sink=self.sink, decision=decision)
 
-        result = await d.chain.tool_call(call, ctx, execute)
+        try:
+            result = await d.chain.tool_call(call, ctx, execute)
+        except WaitForHuman as wait:
+            self.suspended[call.id] = wait
+            return None
         await self.ledger(call, LedgerStatus.FAILED if result.is_error else LedgerStatus.COMPLETED, result)
         self.settled[call.id] = result
         self.done.add(call.id)

@@ -22,7 +22,8 @@ from typing import Any
 import attrs
 import orjson
 
-from ..errors import ToolArgumentsError, ToolError
+from ..control import Decision
+from ..errors import ToolArgumentsError, ToolError, WaitForHuman
 from ..types.codec import unstructure
 from ..types.content import ContentBlock, ImageBlock, TextBlock, ToolUseBlock
 from ..types.messages import ToolResultMessage
@@ -66,14 +67,17 @@ async def execute_tool_call(
     turn: int = 0,
     timeout: float | None = None,
     sink: ToolSink | None = None,
+    decision: Decision | None = None,
 ) -> ToolResultMessage:
-    """Run one call and return its result; never raises except on cancellation.
+    """Run one call and return its result; never raises except on cancellation and
+    :class:`~fsm_agent.errors.WaitForHuman` (the tool's call waits for a person: no result).
 
     A tool that raises :class:`~fsm_agent.errors.ToolError` answers with an error result of its
     own content; any other exception becomes ``Tool 'x' failed: <type>: <message>``.
 
     ``timeout`` (seconds) overrides the tool's own when given; ``sink`` receives the tool's
-    progress and usage reports (:class:`~fsm_agent.tools.registry.ToolContext`).
+    progress and usage reports (:class:`~fsm_agent.tools.registry.ToolContext`); ``decision`` is
+    the person's decision that let the call run (``ToolContext.decision``).
     """
     t: Tool | None = registry.get(call.name)
     if t is None:
@@ -87,7 +91,7 @@ async def execute_tool_call(
         t.validate(call.input)
     except ToolArgumentsError as exc:
         return _error(call, f"{exc}. Call the tool again with corrected arguments.", "invalid_arguments")
-    ctx = ToolContext(call.id, idempotency_key(session_id, call.id), session_id, turn, call.name, sink)
+    ctx = ToolContext(call.id, idempotency_key(session_id, call.id), session_id, turn, call.name, sink, decision)
     kwargs = t.bind(call.input, ctx)
     limit = t.timeout if timeout is None else timeout
     try:
@@ -105,7 +109,7 @@ async def execute_tool_call(
                 value = await coro
     except TimeoutError:
         return _error(call, f"Tool {call.name!r} timed out after {limit:g} s.", "timeout")
-    except asyncio.CancelledError:
+    except (asyncio.CancelledError, WaitForHuman):
         raise
     except ToolError as exc:  # the tool's own error answer, not a crash
         return ToolResultMessage(call.id, exc.content or exc.message, is_error=True, name=call.name,

@@ -28,6 +28,7 @@ from typing import Any, Literal, Protocol, Union, get_args, get_origin
 import attrs
 from attrs import field, frozen
 
+from ..control import Decision
 from ..errors import ConfigurationError, ToolArgumentsError, ToolDefinitionError
 from ..types.messages import Usage
 from ..types.requests import ToolDefinition
@@ -85,6 +86,10 @@ class ToolContext:
     tool_name: str
     sink: ToolSink | None = field(default=None, eq=False, repr=False)
     """Where :meth:`report_progress` and :meth:`add_usage` go (the run's driver); ``None``: nowhere."""
+    decision: Decision | None = None
+    """The person's decision that let this call run (``approve``, or ``edit`` with the arguments
+    given), when a person decided it at a resume (a pending approval, or a call that raised
+    :class:`~fsm_agent.errors.WaitForHuman`); ``None`` when no person did."""
 
     def report_progress(self, progress: float, total: float | None = None, message: str | None = None) -> None:
         """Tell observers and the session log how far the call is (a
@@ -207,7 +212,7 @@ class Tool:
     """
 
     __slots__ = ("name", "description", "parameters", "fn", "is_async", "timeout", "effect", "blocking",
-                 "_validator", "_context_param", "_param_names", "reconcile", "compensate", "strict")
+                 "_validator", "_context_param", "_param_names", "reconcile", "compensate", "strict", "resumable")
 
     def __init__(
         self,
@@ -220,9 +225,16 @@ class Tool:
         effect: ToolEffect | str = ToolEffect.PURE,
         strict: bool | None = None,
         blocking: bool = True,
+        resumable: bool = False,
     ) -> None:
         self.fn = fn
         self.blocking = blocking
+        self.resumable = resumable
+        """An Interrupt that cuts a call of this tool in flight leaves the call open (ledger
+        ``started``) instead of closing it "outcome unknown": the resumed run runs it again with the
+        same idempotency key, and the tool carries on with the work it had begun (a sub-agent resumes
+        its session). For tools whose second run continues the first, never repeats it: ``idempotent``
+        ones, or ``side_effect`` ones with an ``on_reconcile`` hook. A Cancel still closes the call."""
         self.name = name or fn.__name__
         if not _NAME.match(self.name):
             raise ToolDefinitionError(f"tool name {self.name!r} must match {_NAME.pattern}")
@@ -315,7 +327,12 @@ class Tool:
         return fn
 
     def on_compensate(self, fn: Callable[..., Any]) -> Callable[..., Any]:
-        """Decorator: ``fn(arguments, result, context)`` undoes a completed call when the run is cancelled."""
+        """Decorator: ``fn(arguments, result, context)`` undoes a call when the run is cancelled: a
+        completed call, or one cut in flight (``result`` is then the "outcome unknown" result, or
+        ``None``). Called for ``side_effect`` tools, and for any other tool that has a hook. Return
+        ``False`` when nothing could be undone (the ledger entry stays as it was; for a
+        ``side_effect`` call a person is then asked to confirm the cancel); anything else means it
+        was undone (the ledger says ``rejected``). May be async."""
         self.compensate = fn
         return fn
 
@@ -332,6 +349,7 @@ def tool(fn: Callable[..., Any], /) -> Tool: ...
 def tool(
     *, name: str | None = None, description: str | None = None, timeout: float | None = DEFAULT_TOOL_TIMEOUT,
     effect: ToolEffect | str = ToolEffect.PURE, strict: bool | None = None, blocking: bool = True,
+    resumable: bool = False,
 ) -> Callable[[Callable[..., Any]], Tool]: ...
 
 
@@ -345,6 +363,7 @@ def tool(
     effect: ToolEffect | str = ToolEffect.PURE,
     strict: bool | None = None,
     blocking: bool = True,
+    resumable: bool = False,
 ) -> Tool | Callable[[Callable[..., Any]], Tool]:
     """Make a tool of a typed function; usable bare (``@tool``) or with options.
 
@@ -355,6 +374,8 @@ def tool(
         effect: ``pure`` (default), ``idempotent`` or ``side_effect``.
         blocking: for a plain ``def`` tool, run it in a worker thread (default) so it cannot stall the
             event loop; ``False`` runs it inline, for quick CPU-only tools (no thread hop, ~0.1 ms less).
+        resumable: an Interrupt mid-call leaves the call open, to run again (same idempotency key)
+            when the run is resumed (:attr:`Tool.resumable`).
 
     Raises:
         ToolDefinitionError: an annotation has no JSON Schema, or the name is invalid.
@@ -362,7 +383,7 @@ def tool(
 
     def wrap(f: Callable[..., Any]) -> Tool:
         return Tool(f, name=name, description=description, timeout=timeout, effect=effect, strict=strict,
-                    blocking=blocking)
+                    blocking=blocking, resumable=resumable)
 
     return wrap(fn) if fn is not None else wrap
 

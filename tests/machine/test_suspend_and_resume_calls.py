@@ -1,0 +1,254 @@
+"""Three tool-level promises the orchestration patterns rest on, proven on the machine itself:
+
+* a ``resumable`` tool cut in flight by an Interrupt keeps its call open, and the resumed run runs
+  it again with the same idempotency key (the calls of its batch that finished are not run again);
+* a tool that raises :class:`WaitForHuman` stops the run WAITING_HUMAN with its call pending; the
+  person's decision reaches the re-run through ``ToolContext.decision``;
+* on Cancel, ``on_compensate`` runs for any tool that has one, and a hook returning ``False``
+  leaves the call as it was.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from fsm_agent import Agent, Decision, ScriptedProvider, StopReason, ToolContext, tool
+from fsm_agent.control import Cancel, Interrupt
+from fsm_agent.errors import WaitForHuman
+from fsm_agent.providers import tool_call_response
+from fsm_agent.store import LedgerStatus, MemoryStore
+
+
+def store_ledger(store: MemoryStore) -> list[Any]:
+    return [e for entries in store._ledger.values() for e in entries.values()]
+
+
+def _agent(script: list[Any], tools: list[Any], store: MemoryStore) -> Agent:
+    return Agent(ScriptedProvider(script), tools=tools, store=store, control_poll=0.02)
+
+
+async def _wait_for(predicate: Any, timeout: float = 5.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not predicate():
+        assert asyncio.get_running_loop().time() < deadline, "condition not reached"
+        await asyncio.sleep(0.01)
+
+
+async def test_an_interrupted_resumable_call_runs_again_with_the_same_key_on_resume() -> None:
+    keys: list[str] = []
+    quick_runs: list[str] = []
+    gate = asyncio.Event()
+
+    @tool(effect="idempotent", resumable=True)
+    async def long_job(name: str, ctx: ToolContext) -> str:
+        """A job that continues where it stopped."""
+        keys.append(ctx.idempotency_key)
+        if len(keys) == 1:
+            await gate.wait()  # the first attempt is cut here
+        return f"{name} done"
+
+    @tool
+    def quick(x: int) -> int:
+        """Quick."""
+        quick_runs.append(str(x))
+        return x + 1
+
+    store = MemoryStore()
+    agent = _agent([tool_call_response(("long_job", {"name": "j"}), ("quick", {"x": 1})), "all done"],
+                   [long_job, quick], store)
+    run = asyncio.ensure_future(agent.run("go", session_id="s"))
+    await _wait_for(lambda: len(keys) == 1 and quick_runs)
+    await asyncio.sleep(0.05)  # quick's result is recorded
+    await agent.control("s", Interrupt("stop for now"))
+    stopped = await run
+    assert stopped.stop.reason is StopReason.INTERRUPTED
+    assert "long_job left open, to continue on resume" in stopped.stop.detail
+    assert [p.call.name for p in stopped.stop.pending_actions] == ["long_job", "quick"]
+    ledger = await store.ledger("s")
+    assert {e.tool: e.status for e in ledger.values()} == {"long_job": LedgerStatus.STARTED,
+                                                            "quick": LedgerStatus.COMPLETED}
+    assert not any(m.role == "tool" for m in stopped.messages)  # nothing closed "outcome unknown"
+
+    done = await agent.resume("s")
+    assert done.stop.reason is StopReason.COMPLETED and done.output == "all done"
+    assert len(keys) == 2 and keys[0] == keys[1]  # the same call, the same idempotency key
+    assert quick_runs == ["1"]  # the finished call of the batch is not run again
+    assert [m.text for m in done.messages if m.role == "tool"] == ["j done", "2"]
+
+
+async def test_a_call_cut_in_flight_is_closed_when_one_of_them_is_not_resumable() -> None:
+    gate = asyncio.Event()
+    started: list[str] = []
+
+    @tool(effect="idempotent", resumable=True)
+    async def resumable_job(ctx: ToolContext) -> str:
+        """Resumable."""
+        started.append("r")
+        await gate.wait()
+        return "r"
+
+    @tool(effect="idempotent")
+    async def plain_job() -> str:
+        """Not resumable."""
+        started.append("p")
+        await gate.wait()
+        return "p"
+
+    store = MemoryStore()
+    agent = _agent([tool_call_response(("resumable_job", {}), ("plain_job", {})), "ok"],
+                   [resumable_job, plain_job], store)
+    run = asyncio.ensure_future(agent.run("go", session_id="s"))
+    await _wait_for(lambda: len(started) == 2)
+    await agent.control("s", Interrupt())
+    stopped = await run
+    assert stopped.stop.reason is StopReason.INTERRUPTED and not stopped.stop.pending_actions
+    assert {e.status for e in (await store.ledger("s")).values()} == {LedgerStatus.INTERRUPTED}
+
+
+async def test_a_tool_waiting_for_a_person_stops_the_run_and_gets_the_decision_on_resume() -> None:
+    seen: list[Decision | None] = []
+    others: list[int] = []
+
+    @tool(effect="idempotent")
+    async def ask_boss(question: str, ctx: ToolContext) -> str:
+        """Needs a person."""
+        seen.append(ctx.decision)
+        if ctx.decision is None:
+            raise WaitForHuman(f"the boss must answer {question!r}", reason="boss_needed")
+        return f"boss says yes to {question}"
+
+    @tool
+    def count(n: int) -> int:
+        """Count."""
+        others.append(n)
+        return n
+
+    store = MemoryStore()
+    agent = _agent([tool_call_response(("ask_boss", {"question": "raise?"}), ("count", {"n": 7})), "finished"],
+                   [ask_boss, count], store)
+    first = await agent.run("go", session_id="s")
+    assert first.stop.reason is StopReason.WAITING_HUMAN
+    (pending,) = first.stop.pending_actions
+    assert (pending.call.name, pending.reason, pending.allowed_decisions) == (
+        "ask_boss", "boss_needed", ("approve", "reject", "respond"))
+    assert "the boss must answer 'raise?'" in first.stop.detail and first.stop.required_decision
+    assert (await store.ledger("s"))[pending.call.id].status is LedgerStatus.STARTED
+
+    again = await agent.resume("s")  # no decision: the call runs again and waits again
+    assert again.stop.reason is StopReason.WAITING_HUMAN and seen == [None, None]
+
+    done = await agent.resume("s", decisions={pending.call.id: Decision.approve()})
+    assert done.stop.reason is StopReason.COMPLETED
+    assert seen[-1] == Decision.approve()
+    assert others == [7]  # the other call of the batch ran once
+    assert [m.text for m in done.messages if m.role == "tool"] == ["boss says yes to raise?", "7"]
+
+
+async def test_a_rejected_waiting_call_is_not_run_again() -> None:
+    runs: list[int] = []
+
+    @tool(effect="idempotent")
+    async def ask(ctx: ToolContext) -> str:
+        """Needs a person."""
+        runs.append(1)
+        raise WaitForHuman("a person must decide")
+
+    agent = _agent([tool_call_response(("ask", {})), "gave up"], [ask], MemoryStore())
+    first = await agent.run("go", session_id="s")
+    call_id = first.stop.pending_actions[0].call.id
+    done = await agent.resume("s", decisions={call_id: Decision.reject("not today")})
+    assert done.stop.reason is StopReason.COMPLETED and len(runs) == 1
+    assert [m.text for m in done.messages if m.role == "tool"] == ["A person rejected this tool call: not today"]
+
+
+@pytest.mark.parametrize("hook_result", [None, False])
+async def test_cancel_runs_the_compensation_hook_of_any_tool(hook_result: Any) -> None:
+    compensated: list[str] = []
+
+    @tool(effect="idempotent")
+    def book(what: str) -> str:
+        """Book."""
+        return f"booked {what}"
+
+    @book.on_compensate
+    def _undo(arguments: dict[str, Any], result: Any, ctx: ToolContext) -> Any:
+        compensated.append(arguments["what"])
+        return hook_result
+
+    store = MemoryStore()
+    gate = asyncio.Event()
+
+    waiting = asyncio.Event()
+
+    @tool
+    async def wait() -> str:
+        """Wait."""
+        waiting.set()
+        await gate.wait()
+        return "x"
+
+    agent = _agent([tool_call_response(("book", {"what": "room"})), tool_call_response(("wait", {})), "no"],
+                   [book, wait], store)
+    run = asyncio.ensure_future(agent.run("go", session_id="s"))
+    await asyncio.wait_for(waiting.wait(), 5)
+    await agent.control("s", Cancel())
+    result = await run
+    assert result.stop.reason is StopReason.CANCELLED and compensated == ["room"]
+    status = next(e.status for e in (await store.ledger("s")).values() if e.tool == "book")
+    assert status is (LedgerStatus.COMPLETED if hook_result is False else LedgerStatus.REJECTED)
+
+
+async def test_a_side_effect_hook_that_undoes_nothing_asks_for_confirmation() -> None:
+    @tool(effect="side_effect")
+    def send(to: str) -> str:
+        """Send."""
+        return "sent"
+
+    send.on_compensate(lambda arguments, result, ctx: False)
+    gate = asyncio.Event()
+
+    waiting = asyncio.Event()
+
+    @tool
+    async def wait() -> str:
+        """Wait."""
+        waiting.set()
+        await gate.wait()
+        return "x"
+
+    store = MemoryStore()
+    agent = _agent([tool_call_response(("send", {"to": "ann"})), tool_call_response(("wait", {})), "no"],
+                   [send, wait], store)
+    run = asyncio.ensure_future(agent.run("go", session_id="s"))
+    await asyncio.wait_for(waiting.wait(), 5)
+    await agent.control("s", Cancel())
+    result = await run
+    assert result.stop.reason is StopReason.WAITING_HUMAN and result.stop.required_decision == "confirm_cancel"
+
+
+async def test_a_call_left_open_by_an_interrupt_is_closed_and_compensated_by_a_later_cancel() -> None:
+    gate = asyncio.Event()
+    compensated: list[Any] = []
+
+    @tool(effect="idempotent", resumable=True)
+    async def job(ctx: ToolContext) -> str:
+        """Job."""
+        await gate.wait()
+        return "done"
+
+    job.on_compensate(lambda arguments, result, ctx: compensated.append(result))
+    store = MemoryStore()
+    agent = _agent([tool_call_response(("job", {})), "never"], [job], store)
+    run = asyncio.ensure_future(agent.run("go", session_id="s"))
+    await _wait_for(lambda: any(e.status is LedgerStatus.STARTED for e in store_ledger(store)))
+    await agent.control("s", Interrupt())
+    assert (await run).stop.reason is StopReason.INTERRUPTED
+    await agent.control("s", Cancel("never mind"))
+    result = await agent.resume("s")
+    assert result.stop.reason is StopReason.CANCELLED
+    (entry,) = (await store.ledger("s")).values()
+    assert entry.status is LedgerStatus.REJECTED  # compensated
+    assert compensated and "outcome is unknown" in compensated[0]["content"][0]["text"]
