@@ -190,8 +190,9 @@ class Forbidden(Exception):
     """A cross-site or CSRF-less state-changing request (403)."""
 
 
-PUBLIC = frozenset({"/healthz", "/openapi.json", "/auth/login", "/auth/logout"})
-"""Paths that need no authentication (the page's own files are public too: ``/review/…``, ``/static/…``)."""
+PUBLIC = frozenset({"/healthz", "/openapi.json", "/auth/login", "/auth/logout", "/.well-known/agent-card.json"})
+"""Paths that need no authentication (the page's own files are public too: ``/review/…``, ``/static/…``;
+the A2A agent card is discovery, served when :func:`fsm_agent.server.a2a.add_a2a_routes` mounts A2A)."""
 
 
 def authenticate(request: web.Request, tenants: Tenants, cors_origins: frozenset[str]) -> str:
