@@ -1,0 +1,262 @@
+"""RemoteSandbox: CodeAct against an executor you run elsewhere, over a documented HTTP JSON shape.
+
+:class:`RemoteSandbox` adapts any :class:`RemoteExecutor` to the
+:class:`~fsm_agent.sandbox.base.Sandbox` protocol; :class:`HttpRemoteExecutor` is the shipped client.
+A service of your own implements the wire shape below (version 1), and fsm_agent talks to it.
+
+Wire shape, all bodies JSON (UTF-8), every request with the client's ``headers`` (e.g.
+``Authorization``):
+
+``GET {base_url}/guarantees`` → ``200`` with a guarantees object::
+
+    {"sandbox": "my-firecracker", "network_isolated": true, "filesystem_readonly": true, ...,
+     "reasons": {"disk_quota": "why not"}, "mechanisms": {"network_isolated": "how"}, "details": {}}
+
+(every name of :data:`~fsm_agent.sandbox.base.GUARANTEE_NAMES`; a missing one counts as ``false``).
+
+``POST {base_url}/run`` with::
+
+    {"version": 1, "code": "print(1)", "files": {"data/in.csv": "<base64>"},
+     "limits": {"memory_bytes": 536870912, "cpu_seconds": 10, "wall_seconds": 30.0, "processes": 32,
+                "file_size_bytes": 16777216, "open_files": 64, "output_bytes": 65536}}
+
+→ ``200`` with ``{"result": {...}}``, the result object holding the fields of
+:class:`~fsm_agent.sandbox.base.ExecutionResult`: ``sandbox``, ``stdout``, ``stderr``,
+``exit_code`` (int or null), ``signal`` (int or null), ``return_value`` (any JSON), ``return_repr``
+(string or null), ``error`` (null or ``{"type", "message", "traceback", "line"}``), ``files``
+(``[{"path", "change": "created|modified|deleted", "kind": "file|symlink|other", "size", "sha256"}]``),
+``limits_hit`` (names of :data:`~fsm_agent.sandbox.base.LIMIT_NAMES`), ``duration_s``,
+``stdout_bytes``, ``stderr_bytes``, ``files_truncated``, ``workdir``. Only ``stdout``, ``stderr``
+and ``exit_code`` are required; the rest default as in the class.
+
+The code's own failures (an exception, a limit) are a ``200`` with the result saying so. Anything
+else is an error status with ``{"error": {"type": "...", "message": "..."}}``: type
+``invalid_input`` (400; raised here as :class:`~fsm_agent.sandbox.base.SandboxInputError`),
+``unavailable`` (503; :class:`~fsm_agent.sandbox.base.SandboxUnavailableError`), anything else
+:class:`~fsm_agent.sandbox.base.RemoteSandboxError`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol, runtime_checkable
+
+import aiohttp
+import attrs
+import orjson
+from attrs import field, frozen
+
+from ..types.codec import structure, unstructure
+from ._local import _check_code, _check_files
+from .base import (
+    GUARANTEE_NAMES,
+    ExecutionResult,
+    GuaranteeNotHeldError,
+    Guarantees,
+    Limits,
+    RemoteSandboxError,
+    SandboxInputError,
+    SandboxUnavailableError,
+)
+
+__all__ = ["WIRE_VERSION", "HttpRemoteExecutor", "RemoteExecutor", "RemoteRequest", "RemoteSandbox", "result_to_json"]
+
+WIRE_VERSION = 1
+"""The ``version`` of the ``POST /run`` body this client sends."""
+
+
+@frozen
+class RemoteRequest:
+    """One run for a remote executor."""
+
+    code: str
+    files: dict[str, bytes] = field(factory=dict)
+    """Relative path -> content, written into the run's work dir first."""
+    limits: Limits = field(factory=Limits)
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``POST /run`` body (files base64-encoded)."""
+        return {"version": WIRE_VERSION, "code": self.code,
+                "files": {p: base64.b64encode(c).decode("ascii") for p, c in self.files.items()},
+                "limits": attrs.asdict(self.limits)}
+
+
+@runtime_checkable
+class RemoteExecutor(Protocol):
+    """Something that runs code elsewhere: implement it for your own transport, or run a service with
+    the HTTP wire shape of this module and use :class:`HttpRemoteExecutor`."""
+
+    async def describe(self) -> Guarantees:
+        """The guarantees the remote side gives."""
+        ...
+
+    async def execute(self, request: RemoteRequest) -> ExecutionResult:
+        """Run one request; the code's own failures come back in the result, not as exceptions.
+
+        Raises:
+            RemoteSandboxError: the executor failed.
+        """
+        ...
+
+    async def aclose(self) -> None:
+        """Release connections (idempotent)."""
+        ...
+
+
+class HttpRemoteExecutor:
+    """The HTTP JSON client of the wire shape in this module's docstring (aiohttp).
+
+    Args:
+        base_url: the service's root, e.g. ``https://sandbox.internal/v1``.
+        headers: sent with every request (authentication).
+        timeout_margin: seconds added to a run's ``wall_seconds`` for the whole HTTP exchange.
+        connect_timeout: seconds to connect.
+    """
+
+    def __init__(self, base_url: str, *, headers: Mapping[str, str] | None = None, timeout_margin: float = 10.0,
+                 connect_timeout: float = 10.0) -> None:
+        if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
+            raise SandboxInputError(f"base_url must be an http:// or https:// URL, got {base_url!r}")
+        self.base_url = base_url.rstrip("/")
+        self.headers = dict(headers or {})
+        self.timeout_margin = timeout_margin
+        self.connect_timeout = connect_timeout
+        self._session: aiohttp.ClientSession | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def __repr__(self) -> str:
+        return f"HttpRemoteExecutor({self.base_url!r})"
+
+    async def _client(self) -> aiohttp.ClientSession:
+        loop = asyncio.get_running_loop()
+        if self._session is None or self._session.closed or self._loop is not loop:
+            self._session = aiohttp.ClientSession(headers=self.headers)
+            self._loop = loop
+        return self._session
+
+    async def _call(self, method: str, path: str, body: dict[str, Any] | None, total: float) -> Any:
+        session = await self._client()
+        url = self.base_url + path
+        timeout = aiohttp.ClientTimeout(total=total, connect=self.connect_timeout)
+        data = orjson.dumps(body) if body is not None else None
+        try:
+            async with session.request(method, url, data=data, timeout=timeout,
+                                       headers={"Content-Type": "application/json"} if data else None) as resp:
+                text = await resp.text(errors="replace")
+                status = resp.status
+        except asyncio.TimeoutError as exc:
+            raise RemoteSandboxError(f"{method} {url}: no answer within {total:g} s") from exc
+        except aiohttp.ClientError as exc:
+            raise RemoteSandboxError(f"{method} {url}: {type(exc).__name__}: {exc}") from exc
+        try:
+            doc = orjson.loads(text) if text else None
+        except orjson.JSONDecodeError:
+            doc = None
+        if status >= 400:
+            err = doc.get("error") if isinstance(doc, dict) else None
+            kind = err.get("type") if isinstance(err, dict) else None
+            message = str(err.get("message")) if isinstance(err, dict) else text[:500]
+            if kind == "invalid_input":
+                raise SandboxInputError(f"the remote sandbox refused the input: {message}")
+            if kind == "unavailable":
+                raise SandboxUnavailableError(f"the remote sandbox is unavailable: {message}")
+            raise RemoteSandboxError(f"{method} {url}: HTTP {status}: {message}", status=status, body=text)
+        if doc is None:
+            raise RemoteSandboxError(f"{method} {url}: the answer is not JSON", status=status, body=text)
+        return doc
+
+    async def describe(self) -> Guarantees:
+        doc = await self._call("GET", "/guarantees", None, self.connect_timeout + self.timeout_margin)
+        try:
+            return Guarantees.from_json(doc)
+        except ValueError as exc:
+            raise RemoteSandboxError(f"GET {self.base_url}/guarantees: {exc}", body=orjson.dumps(doc).decode()) from exc
+
+    async def execute(self, request: RemoteRequest) -> ExecutionResult:
+        doc = await self._call("POST", "/run", request.to_json(), request.limits.wall_seconds + self.timeout_margin)
+        result = doc.get("result") if isinstance(doc, dict) else None
+        if not isinstance(result, dict):
+            raise RemoteSandboxError(f"POST {self.base_url}/run: the answer has no 'result' object",
+                                     body=orjson.dumps(doc).decode())
+        data = {"sandbox": "remote", **result}
+        try:
+            return structure(data, ExecutionResult)
+        except Exception as exc:  # noqa: BLE001 - cattrs raises several kinds; all mean "off the wire shape"
+            raise RemoteSandboxError(f"POST {self.base_url}/run: the result does not match the wire shape: {exc}",
+                                     body=orjson.dumps(result).decode()[:2048]) from exc
+
+    async def aclose(self) -> None:
+        if self._session is not None and not self._session.closed:
+            await self._session.close()
+        self._session = None
+
+
+def result_to_json(result: ExecutionResult) -> dict[str, Any]:
+    """An :class:`ExecutionResult` as the wire shape's result object (for a service written in Python)."""
+    out: dict[str, Any] = unstructure(result)
+    return out
+
+
+class RemoteSandbox:
+    """A :class:`~fsm_agent.sandbox.base.Sandbox` over a :class:`RemoteExecutor`.
+
+    The input is checked here exactly as the local sandboxes check it; the guarantees are the ones the
+    executor reports (:meth:`start`), and ``required`` is enforced against them.
+
+    Args:
+        executor: e.g. ``HttpRemoteExecutor("https://sandbox.internal/v1")``.
+        limits: default limits sent with each run.
+        required: guarantee names the remote side must report as holding, else ``run`` raises
+            :class:`~fsm_agent.sandbox.base.GuaranteeNotHeldError` (default: none).
+    """
+
+    def __init__(self, executor: RemoteExecutor, *, limits: Limits | None = None,
+                 required: Sequence[str] = ()) -> None:
+        if not isinstance(executor, RemoteExecutor):
+            raise SandboxInputError(f"executor must implement RemoteExecutor (describe, execute, aclose), not "
+                                    f"{type(executor).__name__}")
+        unknown = [r for r in required if r not in GUARANTEE_NAMES]
+        if unknown:
+            raise SandboxInputError(f"required names unknown guarantee(s) {unknown}")
+        self.executor = executor
+        self.limits = limits if limits is not None else Limits()
+        self.required = tuple(required)
+        self._guarantees: Guarantees | None = None
+
+    def __repr__(self) -> str:
+        return f"RemoteSandbox({self.executor!r})"
+
+    @property
+    def name(self) -> str:
+        return "remote"
+
+    async def start(self) -> Guarantees:
+        if self._guarantees is None:
+            self._guarantees = await self.executor.describe()
+        return self._guarantees
+
+    def guarantees(self) -> Guarantees:
+        if self._guarantees is None:
+            return Guarantees.unknown("remote", "not yet reported by the remote executor (await start())")
+        return self._guarantees
+
+    async def run(self, code: str, *, files: Mapping[str, bytes | str] | None = None,
+                  timeout: float | None = None, limits: Limits | None = None) -> ExecutionResult:
+        source = _check_code(code)
+        seeded = _check_files(files)
+        lim = limits if limits is not None else self.limits
+        if timeout is not None:
+            if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
+                raise SandboxInputError(f"timeout must be a positive number of seconds, got {timeout!r}")
+            lim = attrs.evolve(lim, wall_seconds=float(timeout))
+        g = await self.start()
+        missing = tuple(r for r in self.required if not getattr(g, r))
+        if missing:
+            raise GuaranteeNotHeldError("remote", missing, g)
+        return await self.executor.execute(
+            RemoteRequest(source.decode("utf-8", "surrogatepass"), dict(seeded), lim))
+
+    async def aclose(self) -> None:
+        await self.executor.aclose()
