@@ -347,14 +347,16 @@ class MCPToolset:
             return server
         if isinstance(server, (list, tuple)):
             if not server or not all(isinstance(a, str) for a in server):
-                raise ConfigurationError(f"MCPToolset: a command line must be a non-empty list of strings, got {server!r}")
+                raise ConfigurationError(f"MCPToolset: a command line must be a non-empty list of strings, "
+                                         f"got {server!r}")
             return StdioServerParameters(command=server[0], args=list(server[1:]))
         if isinstance(server, (StdioServerParameters, MCPServer, Server)):
             return server
         if isinstance(server, contextlib.AbstractAsyncContextManager):  # an mcp Transport (a Protocol)
             return server
         raise ConfigurationError(f"MCPToolset: unsupported server {type(server).__name__}; pass an http(s) URL, a "
-                                 "command line (list of strings), mcp.StdioServerParameters, an MCPServer or a Transport")
+                                 "command line (list of strings), mcp.StdioServerParameters, an MCPServer or an "
+                                 "mcp Transport")
 
     @property
     def name(self) -> str:
@@ -504,8 +506,8 @@ class MCPToolset:
                 continue
             local = self.names.get(remote) or _local_name(self.prefix, remote)
             if local in by_name:
-                raise ConfigurationError(f"MCP server {self.name!r}: tools {by_name[local]!r} and {remote!r} would both "
-                                         f"be named {local!r}; rename one with names={{{remote!r}: '...'}}")
+                raise ConfigurationError(f"MCP server {self.name!r}: tools {by_name[local]!r} and {remote!r} would "
+                                         f"both be named {local!r}; rename one with names={{{remote!r}: '...'}}")
             effect = self._effects.get(remote) or effect_from_annotations(spec.annotations,
                                                                           trust=self.trust_annotations)
             try:

@@ -1,10 +1,11 @@
 """A small MCP server built on the official SDK's ``MCPServer``, the peer of the MCP tool tests.
 
 In process: ``build_server()`` returns a fresh server and its :class:`State`. Over stdio:
-``python tests/orchestration/mcp_server.py``; over Streamable HTTP: ``serve_http(port)`` (or
-``--http PORT``). Every tool but ``stats`` counts its calls in the state, and the cancellable tools
-record a cancellation the moment the server sees it, so a test can count what really ran on the
-server, whichever transport it used (``stats`` returns the state as JSON).
+``python tests/orchestration/mcp_server.py``; over Streamable HTTP in a process of its own:
+``--http-fd FD`` (a listening socket the test passes down). Every tool but ``stats`` counts its
+calls in the state, and the cancellable tools record a cancellation the moment the server sees it,
+so a test can count what really ran on the server, whichever transport it used (``stats`` returns
+the state as JSON).
 """
 
 from __future__ import annotations
@@ -140,17 +141,20 @@ def build_server(name: str = "fsm-test") -> tuple[MCPServer, State]:
     return srv, state
 
 
-async def serve_http(port: int) -> None:
-    """Serve a fresh server over Streamable HTTP on 127.0.0.1:``port`` until cancelled."""
+async def serve_http(fd: int) -> None:
+    """Serve a fresh server over Streamable HTTP on the listening socket ``fd`` (inherited from the
+    test, so there is no race for a port) until the process ends."""
+    import socket
+
     import uvicorn
 
     srv, _ = build_server("fsm-test-http")
-    config = uvicorn.Config(srv.streamable_http_app(), host="127.0.0.1", port=port, log_level="warning")
-    await uvicorn.Server(config).serve()
+    config = uvicorn.Config(srv.streamable_http_app(), log_level="warning")
+    await uvicorn.Server(config).serve(sockets=[socket.socket(fileno=fd)])
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == "--http":
+    if len(sys.argv) == 3 and sys.argv[1] == "--http-fd":
         asyncio.run(serve_http(int(sys.argv[2])))
     else:
         build_server()[0].run()
