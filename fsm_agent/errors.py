@@ -10,7 +10,8 @@
     │   │                              requirement, sync/async mismatch, change after freezing)
     │   ├── ExtraTypeError (+TypeError) MessageRequest.extra holds the wrong type for a key
     │   ├── ResumeError                resuming a session that cannot be resumed
-    │   └── SessionExistsError (+KeyError)  a new run given the id of a session that exists
+    │   ├── SessionExistsError (+KeyError)  a new run given the id of a session that exists
+    │   └── SessionLinkError           a child session id already linked to another parent (or call)
     └── RunError                       a failure while a run is under way
         ├── ToolArgumentsError         a tool call's arguments do not match its schema
         ├── ToolError                  a tool answers its call with an error result (the model reads
@@ -99,6 +100,7 @@ __all__ = [
     "ServerError",
     "SessionConflictError",
     "SessionExistsError",
+    "SessionLinkError",
     "Signal",
     "StopRun",
     "StoreError",
@@ -159,6 +161,12 @@ class SessionExistsError(UserError, KeyError):
     def __str__(self) -> str:
         return (f"session {self.session_id!r} already exists; choose another session id (or none, for a fresh "
                 "one)")
+
+
+class SessionLinkError(UserError):
+    """A child session id is already linked to another parent session, or to another call of the
+    same parent (:func:`fsm_agent.orchestration.links.link_child`): two starts would share one
+    child session. Give the child another id."""
 
 
 class RunError(FsmAgentError):
@@ -535,12 +543,13 @@ class WaitForHuman(Signal):
 
     The driver does not record a result for the call: the other calls of the batch finish and keep
     theirs, and the run stops WAITING_HUMAN with this call pending (``PendingAction.reason`` is
-    ``reason``; ``detail`` is the stop's detail and ``required_decision``). A resume with a
-    decision on the call settles it: ``approve`` runs it again with the same idempotency key and
-    the decision in :attr:`fsm_agent.ToolContext.decision`; ``reject`` and ``respond`` give its
-    result without running it. A resume without one runs the call again (a ``pure`` or
-    ``idempotent`` tool; a ``side_effect`` one goes through its ``on_reconcile``), which may raise
-    this again. Ignored by Hang-Wait (``RunConfig.approval_timeout``): the run stops.
+    ``reason``; ``detail`` is the stop's detail and ``required_decision``). The person's decision
+    is the answer to the tool's question: whatever its kind (``approve``, ``reject`` or ``respond``
+    with a message, ``edit`` with new arguments), the call runs again with the same idempotency key
+    and the decision in :attr:`fsm_agent.ToolContext.decision`; the tool returns its result or raises
+    this again. A resume without a decision also runs the call again (a ``pure`` or ``idempotent``
+    tool; a ``side_effect`` one goes through its ``on_reconcile``). Hang-Wait
+    (``RunConfig.approval_timeout``) does not apply: the run stops.
 
     Attributes:
         detail: what the person must decide, in words they can act on.

@@ -49,7 +49,11 @@ from .phases import Phase, Trigger
 if TYPE_CHECKING:
     from .driver import Driver
 
-__all__ = ["MidTurn"]
+__all__ = ["WAITING_CALLS", "MidTurn"]
+
+WAITING_CALLS = "waiting_calls"
+"""``RunState.metadata`` key: ids of the calls whose tool raised :class:`WaitForHuman` and wait for a
+person's decision (a decision on one of them runs it again, whatever its kind)."""
 
 
 class MidTurn:
@@ -174,6 +178,7 @@ class MidTurn:
         to_run: list[ToolUseBlock] = []
         pending: list[PendingAction] = []
         approved: dict[str, Decision] = {}  # a person's decisions whose calls have not run yet
+        waiting = set(run.metadata.get(WAITING_CALLS) or ())  # calls whose tool raised WaitForHuman
         for call in calls:
             if call.id in results:
                 continue
@@ -198,6 +203,20 @@ class MidTurn:
                 to_run.append(call)  # pure / idempotent: running again is safe (same idempotency key)
                 continue
             decision = run.decisions.pop(call.id, None)
+            if decision is not None and call.id in waiting:
+                # the answer to the tool's own question: the tool runs again and reads it (ToolContext.decision)
+                run_call = call
+                if decision.kind == "edit":
+                    run_call, res, status = self.decided(call, decision)
+                    if run_call is None:
+                        assert res is not None
+                        await self.ledger(call, status, res, durable=True)
+                        results[call.id] = res
+                        continue
+                await self.ledger(run_call, LedgerStatus.APPROVED, durable=True)
+                to_run.append(run_call)
+                approved[call.id] = decision
+                continue
             if decision is not None:  # a person's decision is written at once, whatever the tool
                 run_call, res, status = self.decided(call, decision)
                 if res is not None:
@@ -244,6 +263,7 @@ class MidTurn:
             await self._execute(to_run, results, approved)
         if self.suspended:
             # the other calls have their results (in the ledger too); these wait for a person
+            run.metadata[WAITING_CALLS] = sorted(self.suspended)
             run.decided_results = dict(results)
             waiting = [(c, self.suspended[c.id]) for c in calls if c.id in self.suspended]
             return Stop(StopReason.WAITING_HUMAN, "; ".join(f"{c.name}({c.id}): {w.detail}" for c, w in waiting),
@@ -258,6 +278,7 @@ class MidTurn:
             d._append(res)
         run.pending_calls = []
         run.decided_results = {}
+        run.metadata.pop(WAITING_CALLS, None)
         return Move(Trigger.TOOLS_DONE, f"{len(calls)} tool result(s) recorded")
 
     async def _policy(self, call: ToolUseBlock

@@ -87,9 +87,10 @@ class ToolContext:
     sink: ToolSink | None = field(default=None, eq=False, repr=False)
     """Where :meth:`report_progress` and :meth:`add_usage` go (the run's driver); ``None``: nowhere."""
     decision: Decision | None = None
-    """The person's decision that let this call run (``approve``, or ``edit`` with the arguments
-    given), when a person decided it at a resume (a pending approval, or a call that raised
-    :class:`~fsm_agent.errors.WaitForHuman`); ``None`` when no person did."""
+    """The person's decision on this call given at a resume, or ``None`` when no person decided it:
+    ``approve`` or ``edit`` for a call that waited for approval; any kind (``approve``, ``reject``
+    and ``respond`` with their message, ``edit``) for a call whose tool raised
+    :class:`~fsm_agent.errors.WaitForHuman`: the person's answer to the tool's question."""
 
     def report_progress(self, progress: float, total: float | None = None, message: str | None = None) -> None:
         """Tell observers and the session log how far the call is (a

@@ -147,21 +147,25 @@ async def test_a_tool_waiting_for_a_person_stops_the_run_and_gets_the_decision_o
     assert [m.text for m in done.messages if m.role == "tool"] == ["boss says yes to raise?", "7"]
 
 
-async def test_a_rejected_waiting_call_is_not_run_again() -> None:
-    runs: list[int] = []
+async def test_every_kind_of_decision_reaches_the_waiting_tool() -> None:
+    seen: list[Decision | None] = []
 
     @tool(effect="idempotent")
     async def ask(ctx: ToolContext) -> str:
         """Needs a person."""
-        runs.append(1)
-        raise WaitForHuman("a person must decide")
+        seen.append(ctx.decision)
+        if ctx.decision is None:
+            raise WaitForHuman("a person must decide")
+        return f"the person said {ctx.decision.kind}: {ctx.decision.message}"
 
-    agent = _agent([tool_call_response(("ask", {})), "gave up"], [ask], MemoryStore())
+    store = MemoryStore()
+    agent = _agent([tool_call_response(("ask", {})), "gave up"], [ask], store)
     first = await agent.run("go", session_id="s")
     call_id = first.stop.pending_actions[0].call.id
     done = await agent.resume("s", decisions={call_id: Decision.reject("not today")})
-    assert done.stop.reason is StopReason.COMPLETED and len(runs) == 1
-    assert [m.text for m in done.messages if m.role == "tool"] == ["A person rejected this tool call: not today"]
+    assert done.stop.reason is StopReason.COMPLETED and seen == [None, Decision.reject("not today")]
+    assert [m.text for m in done.messages if m.role == "tool"] == ["the person said reject: not today"]
+    assert "waiting_calls" not in (await store.latest_checkpoint("s")).data["metadata"]
 
 
 @pytest.mark.parametrize("hook_result", [None, False])
