@@ -178,7 +178,7 @@ class MidTurn:
         to_run: list[ToolUseBlock] = []
         pending: list[PendingAction] = []
         approved: dict[str, Decision] = {}  # a person's decisions whose calls have not run yet
-        waiting = set(run.metadata.get(WAITING_CALLS) or ())  # calls whose tool raised WaitForHuman
+        waiting_ids = set(run.metadata.get(WAITING_CALLS) or ())  # calls whose tool raised WaitForHuman
         for call in calls:
             if call.id in results:
                 continue
@@ -203,18 +203,19 @@ class MidTurn:
                 to_run.append(call)  # pure / idempotent: running again is safe (same idempotency key)
                 continue
             decision = run.decisions.pop(call.id, None)
-            if decision is not None and call.id in waiting:
+            if decision is not None and call.id in waiting_ids:
                 # the answer to the tool's own question: the tool runs again and reads it (ToolContext.decision)
-                run_call = call
+                again: ToolUseBlock | None = call
                 if decision.kind == "edit":
-                    run_call, res, status = self.decided(call, decision)
-                    if run_call is None:
+                    again, res, status = self.decided(call, decision)
+                    if again is None:
                         assert res is not None
                         await self.ledger(call, status, res, durable=True)
                         results[call.id] = res
                         continue
-                await self.ledger(run_call, LedgerStatus.APPROVED, durable=True)
-                to_run.append(run_call)
+                assert again is not None
+                await self.ledger(again, LedgerStatus.APPROVED, durable=True)
+                to_run.append(again)
                 approved[call.id] = decision
                 continue
             if decision is not None:  # a person's decision is written at once, whatever the tool
