@@ -269,8 +269,8 @@ class StructuredOutputError(RunError):
 
 class InvalidPlanError(RunError, ValueError):
     """A plan (:class:`~fsm_agent.types.Plan`) breaks its rules: no nodes, a duplicate node id, a
-    dependency on an unknown node, a dependency cycle, an open node that depends on a failed or
-    skipped one, more than one running node, a version that goes back.
+    dependency on an unknown node, a dependency cycle, an open node that depends on a skipped one,
+    more than one running node, a version that goes back.
 
     Raised by :meth:`~fsm_agent.types.Plan.validate` and by ``ctx.update_plan``; the PlanAct plugin
     sends the problems back to the planner and stops the run, typed, when they persist.

@@ -12,7 +12,8 @@ The rules (:meth:`Plan.problems`, :meth:`Plan.validate`):
 * at least one node; node ids are unique, non-empty, at most :data:`MAX_ID_CHARS` characters;
 * every dependency names a node of the plan, and not the node itself;
 * the dependencies have no cycle;
-* an open node (pending or running) depends on no failed or skipped node (it could never run);
+* an open node (pending or running) depends on no skipped node (it could never run; an open
+  node may wait on a failed one: the plan is then stuck until a replan, or a person, settles it);
 * at most one node is running.
 
 :func:`plan_output_schema` is the JSON Schema a planner's (or replanner's) answer must match;
@@ -241,8 +242,8 @@ class Plan:
                     out.append(f"node {n.id!r} depends on itself")
                 elif d not in by_id:
                     out.append(f"node {n.id!r} depends on unknown node {d!r}")
-                elif n.status.open and by_id[d].status in (NodeStatus.FAILED, NodeStatus.SKIPPED):
-                    out.append(f"open node {n.id!r} depends on {by_id[d].status.value} node {d!r}, so it can never run")
+                elif n.status.open and by_id[d].status is NodeStatus.SKIPPED:
+                    out.append(f"open node {n.id!r} depends on skipped node {d!r}, so it can never run")
         cycle = self._cycle(by_id)
         if cycle:
             out.append("dependency cycle: " + " -> ".join(cycle))
@@ -381,7 +382,8 @@ def _line(text: str, limit: int) -> str:
 
 
 def plan_output_schema(*, name: str = "plan", min_nodes: int = 1, max_nodes: int = 8,
-                       checks: Sequence[str] = (), max_chars: int | None = None) -> OutputSchema:
+                       checks: Sequence[str] = (), max_chars: int | None = None,
+                       ids: Sequence[str] | None = None, done: Sequence[str] = ()) -> OutputSchema:
     """The JSON Schema of a planner's answer: ``{"nodes": [{"id", "goal", "depends_on",
     "acceptance"[, "check"]}]}``.
 
@@ -391,17 +393,26 @@ def plan_output_schema(*, name: str = "plan", min_nodes: int = 1, max_nodes: int
         max_nodes: most nodes (``maxItems``).
         checks: names of the programmatic checks a node may name; with none, nodes have no
             ``check`` key. The key is then required, one of the names or ``null``.
-        max_chars: ``maxLength`` on every string (and ``maxItems`` ``max_nodes`` on
-            ``depends_on``): a grammar-constrained server (llama.cpp) then cannot let a small model
-            run on until the output limit cuts the JSON. ``None``: no bound.
+        max_chars: ``maxLength`` on every string (and ``maxItems`` on ``depends_on``): a
+            grammar-constrained server (llama.cpp) then cannot let a small model run on until the
+            output limit cuts the JSON. ``None``: no bound.
+        ids: the numbered form, for grammar-constrained small models: node ``k`` must have the id
+            ``ids[k]`` and may depend only on ``done`` and on ``ids[:k]``, so that no answer the
+            grammar allows has an unknown dependency, a cycle or a clashing id. The node list is
+            then one fixed-length array per allowed length (``prefixItems``), as llama.cpp's
+            grammar does not bound a tuple by ``minItems``. ``None``: free ids, checked afterwards.
+        done: ids of nodes that already passed, which new nodes may depend on (numbered form).
 
     Raises:
-        ConfigurationError: ``min_nodes`` < 1 or ``max_nodes`` < ``min_nodes``.
+        ConfigurationError: ``min_nodes`` < 1, ``max_nodes`` < ``min_nodes``, or fewer ``ids``
+            than ``max_nodes``.
     """
     from ..errors import ConfigurationError
 
     if min_nodes < 1 or max_nodes < min_nodes:
         raise ConfigurationError(f"a plan needs 1 <= min_nodes <= max_nodes (got {min_nodes}, {max_nodes})")
+    if ids is not None and len(ids) < max_nodes:
+        raise ConfigurationError(f"the numbered form needs {max_nodes} ids, got {len(ids)}")
 
     def text(limit: int | None = max_chars) -> dict[str, Any]:
         s: dict[str, Any] = {"type": "string", "minLength": 1}
@@ -409,16 +420,29 @@ def plan_output_schema(*, name: str = "plan", min_nodes: int = 1, max_nodes: int
             s["maxLength"] = limit
         return s
 
-    deps: dict[str, Any] = {"type": "array", "items": text(MAX_ID_CHARS)}
-    if max_chars is not None:
-        deps["maxItems"] = max_nodes
-    props: dict[str, Any] = {"id": text(MAX_ID_CHARS), "goal": text(), "depends_on": deps, "acceptance": text()}
-    if checks:
-        props["check"] = {"enum": [*checks, None]}
-    node = {"type": "object", "properties": props, "required": list(props), "additionalProperties": False}
-    schema = {"type": "object",
-              "properties": {"nodes": {"type": "array", "items": node, "minItems": min_nodes, "maxItems": max_nodes}},
-              "required": ["nodes"], "additionalProperties": False}
+    def node(node_id: dict[str, Any], deps: dict[str, Any]) -> dict[str, Any]:
+        props: dict[str, Any] = {"id": node_id, "goal": text(), "depends_on": deps, "acceptance": text()}
+        if checks:
+            props["check"] = {"enum": [*checks, None]}
+        return {"type": "object", "properties": props, "required": list(props), "additionalProperties": False}
+
+    nodes: dict[str, Any]
+    if ids is None:
+        deps: dict[str, Any] = {"type": "array", "items": text(MAX_ID_CHARS)}
+        if max_chars is not None:
+            deps["maxItems"] = max_nodes
+        nodes = {"type": "array", "items": node(text(MAX_ID_CHARS), deps), "minItems": min_nodes,
+                 "maxItems": max_nodes}
+    else:
+        items = []
+        for k in range(max_nodes):
+            allowed = [*done, *ids[:k]]
+            deps = ({"type": "array", "items": {"enum": allowed}, "maxItems": len(allowed)} if allowed
+                    else {"type": "array", "maxItems": 0})
+            items.append(node({"const": ids[k]}, deps))
+        nodes = {"anyOf": [{"type": "array", "prefixItems": items[:n], "minItems": n, "maxItems": n}
+                           for n in range(min_nodes, max_nodes + 1)]}
+    schema = {"type": "object", "properties": {"nodes": nodes}, "required": ["nodes"], "additionalProperties": False}
     return OutputSchema(name, schema, "the plan's steps: ids, goals, dependencies, acceptance checks")
 
 
