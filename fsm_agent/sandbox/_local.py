@@ -268,6 +268,19 @@ async def _drain(reader: asyncio.StreamReader, cap: int) -> tuple[bytes, int]:
     return bytes(kept), total
 
 
+def _feed(fd: int, data: bytes) -> None:
+    """Write the code to the runner's stdin and close it (blocking; runs in a thread). A runner that
+    died before reading it closes the pipe: the write then fails with EPIPE, which ends this."""
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
 async def _pipe_reader(fd: int) -> tuple[asyncio.StreamReader, asyncio.BaseTransport]:
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader(limit=1 << 20)
@@ -344,7 +357,10 @@ class LocalSandbox:
         if uid is None:
             return
         deadline = time.monotonic() + 5.0
-        while processes_of(uid) and time.monotonic() < deadline:
+        while left := processes_of(uid):
+            if time.monotonic() > deadline:
+                raise SandboxError(f"processes {left[:5]} of the {self.NAME} sandbox's uid {uid} are still running "
+                                   "5 s after the run ended", sandbox=self.NAME)
             time.sleep(0.002)
 
     # -- the protocol ---------------------------------------------------------------------------
@@ -360,6 +376,25 @@ class LocalSandbox:
 
     def _runner_argv(self, limits: Limits, result_fd: int, seccomp_fd: int) -> list[str]:
         return [self.python, "-I", "-c", _RUNNER, str(result_fd), str(seccomp_fd), str(limits.output_bytes)]
+
+    def _check_workdir_root(self) -> None:
+        """The dedicated uid must be able to reach its work dir: every ancestor must be searchable by others."""
+        if not self.root:
+            return
+        root = os.path.realpath(self.workdir_root or tempfile.gettempdir())
+        if not os.path.isdir(root):
+            raise SandboxUnavailableError(f"workdir_root {root!r} is not a directory")
+        path = root
+        while True:
+            mode = os.stat(path).st_mode
+            if not mode & stat.S_IXOTH:
+                raise SandboxUnavailableError(
+                    f"workdir_root {root!r} cannot be reached by the sandbox's uid: {path!r} has mode "
+                    f"{stat.S_IMODE(mode):04o} (no search permission for others); choose a directory every user "
+                    f"may enter (such as /tmp), or chmod o+x {path}")
+            if path == "/":
+                break
+            path = os.path.dirname(path)
 
     def _check_uids(self) -> None:
         if self._checked_uids or not self.root:
@@ -380,6 +415,7 @@ class LocalSandbox:
         """
         if self._guarantees is None:
             self._preflight()
+            self._check_workdir_root()
             self._check_uids()
             limits = Limits(wall_seconds=20.0)
             try:
@@ -477,35 +513,43 @@ class LocalSandbox:
 
     async def _launch(self, code: str, uid: int | None, workdir: str, before: dict[str, Entry],
                       limits: Limits) -> ExecutionResult:
-        result_r, result_w = os.pipe2(os.O_CLOEXEC)
-        os.set_inheritable(result_w, True)
-        seccomp_fd = self._seccomp_fd()
-        fds = [result_w] + ([seccomp_fd] if seccomp_fd >= 0 else [])
-        argv, cwd, env = self._argv(uid, workdir, limits, result_w, seccomp_fd)
-        started = time.monotonic()
+        # Every pipe is the parent's own (os.pipe2), not asyncio's: asyncio 3.11's Process.wait() also
+        # waits for its pipes to close, which a child the code forked would hold open past the exit.
+        ours: list[int] = []  # read ends (and the stdin write end), closed here at the end
+        theirs: list[int] = []  # what the child inherits, closed here once it is spawned
+        transports: list[asyncio.BaseTransport] = []
         proc: asyncio.subprocess.Process | None = None
-        transport: asyncio.BaseTransport | None = None
-        tasks: list[asyncio.Task[tuple[bytes, int]]] = []
+        tasks: list[asyncio.Future[Any]] = []
         killed_by_parent = False
         try:
+            pipes = [os.pipe2(os.O_CLOEXEC) for _ in range(4)]  # stdin, stdout, stderr, result
+            (in_r, in_w), (out_r, out_w), (err_r, err_w), (res_r, res_w) = pipes
+            ours += [in_w, out_r, err_r, res_r]
+            theirs += [in_r, out_w, err_w, res_w]
+            os.set_inheritable(res_w, True)
+            seccomp_fd = self._seccomp_fd()
+            if seccomp_fd >= 0:
+                theirs.append(seccomp_fd)
+            argv, cwd, env = self._argv(uid, workdir, limits, res_w, seccomp_fd)
+            started = time.monotonic()
             try:
                 proc = await asyncio.create_subprocess_exec(
-                    *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-                    stderr=asyncio.subprocess.PIPE, pass_fds=fds, start_new_session=True, close_fds=True,
-                    cwd=cwd, env=env)
+                    *argv, stdin=in_r, stdout=out_w, stderr=err_w, pass_fds=[res_w] + theirs[4:],
+                    start_new_session=True, close_fds=True, cwd=cwd, env=env)
             except OSError as exc:
                 raise SandboxError(f"the {self.NAME} sandbox could not start its launcher {argv[0]!r}",
                                    sandbox=self.NAME, detail=str(exc)) from exc
             finally:
-                for fd in fds:
-                    os.close(fd)
-            result_r_fd, result_r = result_r, -1
-            reader, transport = await _pipe_reader(result_r_fd)
-            assert proc.stdout is not None and proc.stderr is not None and proc.stdin is not None
+                while theirs:
+                    os.close(theirs.pop())
             cap = limits.output_bytes
-            tasks = [asyncio.ensure_future(_drain(proc.stdout, cap)), asyncio.ensure_future(_drain(proc.stderr, cap)),
-                     asyncio.ensure_future(_drain(reader, 2 * cap + 65536))]
-            feeder = asyncio.ensure_future(self._feed(proc.stdin, code.encode("utf-8", "surrogatepass")))
+            for fd, keep in ((out_r, cap), (err_r, cap), (res_r, 2 * cap + 65536)):
+                ours.remove(fd)
+                reader, transport = await _pipe_reader(fd)
+                transports.append(transport)
+                tasks.append(asyncio.ensure_future(_drain(reader, keep)))
+            ours.remove(in_w)
+            feeder = asyncio.ensure_future(asyncio.to_thread(_feed, in_w, code.encode("utf-8", "surrogatepass")))
             try:
                 async with asyncio.timeout(limits.wall_seconds):
                     await proc.wait()
@@ -514,10 +558,10 @@ class LocalSandbox:
                 _killpg(proc.pid)
                 await proc.wait()
             duration = time.monotonic() - started
-            feeder.cancel()
             await asyncio.to_thread(self._after_exit, uid)
             try:
                 async with asyncio.timeout(5.0):
+                    await feeder
                     (out, out_n), (err, err_n), (doc, _) = await asyncio.gather(*tasks)
             except TimeoutError as exc:  # something of the run still holds a pipe open: must not happen
                 raise SandboxError(f"the {self.NAME} sandbox's output did not close after its interpreter exited",
@@ -526,23 +570,17 @@ class LocalSandbox:
             await asyncio.shield(self._abort(proc, uid, tasks))
             raise
         finally:
-            if result_r >= 0:
-                os.close(result_r)
-            if transport is not None:
-                transport.close()
+            for fd in ours + theirs:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+            for t in transports:
+                t.close()
         after, truncated = await asyncio.to_thread(_snapshot, workdir)
         return self._result(proc.returncode, out, out_n, err, err_n, doc, killed_by_parent, duration, before, after,
                             truncated, workdir, limits)
 
-    @staticmethod
-    async def _feed(stdin: asyncio.StreamWriter, data: bytes) -> None:
-        with contextlib.suppress(OSError, ConnectionError):
-            stdin.write(data)
-            await stdin.drain()
-            stdin.close()
-
     async def _abort(self, proc: asyncio.subprocess.Process | None, uid: int | None,
-                     tasks: list[asyncio.Task[tuple[bytes, int]]]) -> None:
+                     tasks: list[asyncio.Future[Any]]) -> None:
         if proc is not None and proc.returncode is None:
             _killpg(proc.pid)
             with contextlib.suppress(Exception):

@@ -28,8 +28,9 @@ Errors (all under :mod:`fsm_agent.errors`)::
     ├── SandboxError                     the sandbox itself failed (the launcher or the interpreter
     │   │                                did not start); not the code's failure
     │   └── RemoteSandboxError           the remote executor failed or answered off the wire shape
-    └── CodeExecutionError               (CodeAct) the code raised, exited non-zero, or a limit
-                                         fired; carries the :class:`ExecutionResult`
+    └── ToolError
+        └── CodeExecutionError           (CodeAct) the code raised, exited non-zero, or a limit
+                                         fired: the call's error result; carries the result
 
 The code's own failures are not exceptions of :meth:`Sandbox.run`: they come back in the result
 (``error``, ``exit_code``, ``signal``, ``limits_hit``).
@@ -44,7 +45,7 @@ from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
 import attrs
 from attrs import field, frozen
 
-from ..errors import ConfigurationError, RunError, UserError
+from ..errors import ConfigurationError, RunError, ToolError, UserError
 
 __all__ = [
     "CodeError",
@@ -96,7 +97,10 @@ class GuaranteeNotHeldError(SandboxUnavailableError):
         self.sandbox = sandbox
         self.missing = missing
         self.guarantees = guarantees
-        why = "; ".join(f"{name}: {guarantees.reasons.get(name, 'does not hold')}" for name in missing)
+        by_reason: dict[str, list[str]] = {}
+        for name in missing:
+            by_reason.setdefault(guarantees.reasons.get(name, "does not hold"), []).append(name)
+        why = "; ".join(f"{', '.join(names)}: {reason}" for reason, names in by_reason.items())
         super().__init__(
             f"the {sandbox} sandbox refuses to run: required guarantee(s) do not hold on this machine: {why}. "
             f"Fix the cause, or opt in to weaker isolation by passing required= without "
@@ -135,11 +139,13 @@ class RemoteSandboxError(SandboxError):
         super().__init__(message, sandbox=sandbox, detail=self.body or "")
 
 
-class CodeExecutionError(RunError):
+class CodeExecutionError(ToolError):
     """(CodeAct) The code raised, exited non-zero, was killed, or a limit fired.
 
-    Its text is the JSON the model reads (see :meth:`ExecutionResult.for_model`), so the tool-error
-    path shows the model what failed and which limit fired.
+    A :class:`~fsm_agent.errors.ToolError`: the call's result is an error result (``is_error``)
+    whose text is the JSON the model reads (see :meth:`ExecutionResult.for_model`), naming the
+    exception and each limit that fired; ``kind`` (the result's ``metadata["error"]``) is
+    ``limit_exceeded`` when a limit other than ``output`` fired, else ``code_error``.
 
     Attributes:
         result: the :class:`ExecutionResult`.
@@ -147,7 +153,8 @@ class CodeExecutionError(RunError):
 
     def __init__(self, result: ExecutionResult, text: str) -> None:
         self.result = result
-        super().__init__(text)
+        fired = [n for n in result.limits_hit if n != "output"]
+        super().__init__(text, kind="limit_exceeded" if fired else "code_error")
 
 
 # -- limits ---------------------------------------------------------------------------------------

@@ -11,9 +11,10 @@ What the model gets back:
   :meth:`~fsm_agent.sandbox.base.ExecutionResult.for_model` — ``ok``, ``stdout``, ``stderr``,
   ``return_value`` (or ``return_repr``), ``files``, and ``limits_hit`` when output was cut;
 * the code raised, exited non-zero, was killed, or a limit fired: the tool-error path
-  (``is_error``; the ledger says ``failed``) with the text
-  ``Tool 'run_python' failed: CodeExecutionError: {...}``, the same JSON object naming the
-  exception and each limit that fired (``"limits_hit": ["cpu"]`` and a sentence per limit).
+  (:class:`~fsm_agent.sandbox.base.CodeExecutionError`, a :class:`~fsm_agent.errors.ToolError`):
+  an error result (``is_error``; the ledger says ``failed``; ``metadata["error"]`` is
+  ``limit_exceeded`` or ``code_error``) whose text is the same JSON object, naming the exception
+  and each limit that fired (``"limits_hit": ["cpu"]`` and a sentence per limit).
 
 Effect (what a resume may repeat), chosen from the sandbox's guarantees unless ``effect=`` is given:
 ``pure`` when the sandbox reports ``network_isolated`` and ``filesystem_readonly`` and throws each

@@ -114,7 +114,7 @@ class SubprocessSandbox(LocalSandbox):
             from ._local import processes_of
 
             if processes_of(uid):
-                kill = [self.kill, "-s", "KILL", "--", "-1"] if self.kill else [self.python, "-c",
+                kill = [self.kill, "-9", "-1"] if self.kill else [self.python, "-c",
                                                                               "import os; os.kill(-1, 9)"]
                 subprocess.run([self.setpriv, f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--", *kill],
                                capture_output=True, check=False, env={"PATH": "/usr/bin:/bin"})
