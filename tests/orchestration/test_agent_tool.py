@@ -1,0 +1,370 @@
+"""An agent called as a tool: its own linked session, its own budget, usage and cost rolled up, each
+stop reason mapped to a typed tool result, and nothing done twice when the parent is interrupted,
+cancelled or resumed (ScriptedProvider; the links on every store)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from fsm_agent import Agent, Decision, Middleware, ScriptedProvider, StopReason, ToolContext, tool
+from fsm_agent.control import Cancel, Interrupt
+from fsm_agent.errors import ConfigurationError, ProviderError, SessionLinkError
+from fsm_agent.middleware import AskApproval
+from fsm_agent.orchestration.links import link_child
+from fsm_agent.orchestration.subagent import agent_tool
+from fsm_agent.pricing import PRICES, Price, register_price
+from fsm_agent.providers import text_response, tool_call_response
+from fsm_agent.store import LedgerStatus, MemoryStore, SessionRecord
+from fsm_agent.types import OutputSchema, Usage
+
+
+@pytest.fixture(autouse=True)
+def _prices():
+    register_price("parent-model", Price(1.0, 2.0))
+    register_price("child-model", Price(10.0, 20.0))
+    yield
+    PRICES.pop("parent-model", None)
+    PRICES.pop("child-model", None)
+
+
+def p_call(*calls: tuple[str, dict[str, Any]]) -> Any:
+    return tool_call_response(*calls, model="parent-model")
+
+
+def p_text(text: str) -> Any:
+    return text_response(text, model="parent-model")
+
+
+def c_call(*calls: tuple[str, dict[str, Any]]) -> Any:
+    return tool_call_response(*calls, model="child-model")
+
+
+def c_text(text: str) -> Any:
+    return text_response(text, model="child-model")
+
+
+PARENT_CALL = Usage(10, 5)
+COST_PARENT_CALL = (10 * 1.0 + 5 * 2.0) / 1e6
+COST_CHILD_CALL = (10 * 10.0 + 5 * 20.0) / 1e6
+
+
+class Effects:
+    """A side-effect tool that counts what it did, and can be held mid-call."""
+
+    def __init__(self, hold: str | None = None) -> None:
+        self.done: list[str] = []
+        self.hold = hold
+        """Sends to this recipient wait for ``release`` (``None``: every send does)."""
+        self.entered = asyncio.Event()
+        self.release = asyncio.Event()
+        self.release.set()
+
+    def tool(self) -> Any:
+        @tool(effect="side_effect")
+        async def send(to: str) -> str:
+            """Send a message."""
+            if self.hold is None or to == self.hold:
+                self.entered.set()
+                await self.release.wait()
+            self.done.append(to)
+            return f"sent to {to}"
+
+        return send
+
+
+async def _until(predicate: Any, timeout: float = 10.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not await predicate():
+        assert asyncio.get_running_loop().time() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.02)
+
+
+async def test_the_child_runs_linked_in_its_own_session_and_its_usage_and_cost_roll_up(store) -> None:
+    child_provider = ScriptedProvider([c_call(("lookup", {"q": "x"})), c_text("child answer")])
+
+    @tool
+    def lookup(q: str) -> str:
+        """Look up."""
+        return f"found {q}"
+
+    child = Agent(child_provider, tools=[lookup], system_prompt="You research.", store=store)
+    researcher = agent_tool(child, name="researcher", description="Research a question.")
+    parent = Agent(ScriptedProvider([p_call(("researcher", {"task": "find x"})), p_text("final")]),
+                   tools=[researcher], system_prompt="You lead.", store=store)
+    result = await parent.run("do the thing", session_id="p")
+    assert result.stop.reason is StopReason.COMPLETED and result.output == "final"
+    assert [m.text for m in result.messages if m.role == "tool"] == ["child answer"]
+
+    (link,) = await store.children("p")
+    call_id = result.messages[2].tool_calls[0].id
+    assert (link.kind, link.call_id, link.metadata) == ("agent_tool", call_id, {"tool": "researcher"})
+    assert link.child_id.startswith("researcher-") and await store.parent(link.child_id) == link
+    rec = await store.get_session(link.child_id)
+    assert rec.state == "COMPLETED" and rec.goal == "find x"
+    # a real boundary: the child saw its own system prompt and the task, nothing of the parent's
+    first = child_provider.requests[0].messages
+    assert [(m.role, m.text) for m in first] == [("system", "You research."), ("user", "find x")]
+
+    # usage and cost: the parent's two calls plus the child's two, rolled up once
+    assert result.usage.input_tokens == 4 * 10 and result.usage.output_tokens == 4 * 5
+    assert result.cost_usd == pytest.approx(2 * COST_PARENT_CALL + 2 * COST_CHILD_CALL)
+    rolled = await store.read_events("p", types=("usage_rolled_up",))
+    assert len(rolled) == 1 and rolled[0].payload["child_session_id"] == link.child_id
+    assert rolled[0].payload["usage"]["input_tokens"] == 20
+    assert rolled[0].payload["cost_usd"] == pytest.approx(2 * COST_CHILD_CALL)
+
+
+async def test_the_child_budget_is_its_own() -> None:
+    store = MemoryStore()
+    child_provider = ScriptedProvider([c_call(("lookup", {"q": "a"})), c_call(("lookup", {"q": "b"}))])
+
+    @tool
+    def lookup(q: str) -> str:
+        """Look up."""
+        return q
+
+    child = Agent(child_provider, tools=[lookup], store=store)
+    ask = agent_tool(child, name="helper", description="Help.", limits={"max_iterations": 1})
+    parent = Agent(ScriptedProvider([p_call(("helper", {"task": "t"})), p_text("went on without it")]),
+                   tools=[ask], store=store, config=__import__("fsm_agent").RunConfig(max_iterations=3))
+    result = await parent.run("go", session_id="p")
+    assert result.stop.reason is StopReason.COMPLETED and result.turns == 2
+    (tool_msg,) = [m for m in result.messages if m.role == "tool"]
+    assert tool_msg.is_error and tool_msg.metadata["error"] == "sub_agent_paused_budget"
+    assert "stopped PAUSED_BUDGET: iterations budget exhausted: 1 of 1" in tool_msg.text
+    assert len(child_provider.requests) == 1  # the child stopped at its own limit
+    child_id = (await store.children("p"))[0].child_id
+    assert (await store.get_session(child_id)).state == "PAUSED_BUDGET"
+    # the parent's budget counts the child's usage: its own 2 calls + the child's 1
+    assert result.usage.input_tokens == 30
+
+
+def test_bad_limits_are_refused_when_the_tool_is_made() -> None:
+    child = Agent(ScriptedProvider([]))
+    with pytest.raises(ConfigurationError, match="unknown limit.*max_iteration"):
+        agent_tool(child, name="x", description="x", limits={"max_iteration": 3})
+    with pytest.raises(ConfigurationError, match="max_iterations must be at least 1"):
+        agent_tool(child, name="x", description="x", limits={"max_iterations": 0})
+
+
+async def _stop_child_from_outside(kind: str) -> Any:
+    store = MemoryStore()
+    holder: list[Agent] = []
+
+    @tool
+    async def step(ctx: ToolContext) -> str:
+        """A step during which someone stops the child session from outside."""
+        await holder[0].control(ctx.session_id, Cancel("stopped by ops") if kind == "cancel" else Interrupt("ops"))
+        await asyncio.sleep(5)
+        return "never"
+
+    child = Agent(ScriptedProvider([c_call(("step", {})), c_text("unreached")]), tools=[step], store=store,
+                  control_poll=0.02)
+    holder.append(child)
+    return child, store
+
+
+@pytest.mark.parametrize(("stop", "kind", "says"), [
+    ("paused", "sub_agent_paused_budget", "Give it a smaller task"),
+    ("retryable", "sub_agent_failed_retryable", "may work if called again later"),
+    ("terminal", "sub_agent_failed_terminal", "will fail the same way"),
+    ("cancelled", "sub_agent_cancelled", "cancelled from outside"),
+    ("interrupted", "sub_agent_interrupted", "interrupted from outside"),
+])
+async def test_each_failing_stop_becomes_a_typed_error_result(stop: str, kind: str, says: str) -> None:
+    store = MemoryStore()
+    limits: dict[str, Any] = {}
+    if stop == "paused":
+        child = Agent(ScriptedProvider([c_call(("noop", {}))]), tools=[tool(lambda: "x", name="noop")], store=store)
+        limits = {"max_iterations": 1}
+    elif stop == "retryable":
+        child = Agent(ScriptedProvider([ProviderError("overloaded, try later", retryable=True)]), store=store)
+    elif stop == "terminal":
+        child = Agent(ScriptedProvider([ProviderError("bad request", retryable=False)]), store=store)
+    else:
+        child, store = await _stop_child_from_outside("cancel" if stop == "cancelled" else "interrupt")
+    ask = agent_tool(child, name="helper", description="Help.", limits=limits)
+    parent = Agent(ScriptedProvider([p_call(("helper", {"task": "t"})), p_text("handled")]), tools=[ask],
+                   store=store)
+    result = await parent.run("go", session_id="p")
+    assert result.stop.reason is StopReason.COMPLETED and result.output == "handled"
+    (tool_msg,) = [m for m in result.messages if m.role == "tool"]
+    assert tool_msg.is_error and tool_msg.metadata["error"] == kind
+    assert says in tool_msg.text and "(session helper-" in tool_msg.text
+    ledger = await store.ledger("p")
+    assert [e.status for e in ledger.values()] == [LedgerStatus.FAILED]
+
+
+async def test_a_completed_structured_child_answers_with_json() -> None:
+    store = MemoryStore()
+    schema = OutputSchema("city", {"type": "object", "properties": {"name": {"type": "string"}},
+                                   "required": ["name"], "additionalProperties": False})
+    child = Agent(ScriptedProvider([c_text('{"name": "Paris"}')]), store=store)
+    ask = agent_tool(child, name="geo", description="Geography.", output_schema=schema)
+    parent = Agent(ScriptedProvider([p_call(("geo", {"task": "capital of France"})), p_text("Paris it is")]),
+                   tools=[ask], store=store)
+    result = await parent.run("go", session_id="p")
+    assert [m.text for m in result.messages if m.role == "tool"] == ['{"name":"Paris"}']
+
+
+class AskForSend(Middleware):
+    def on_tool_call(self, call: Any, ctx: Any) -> Any:
+        return AskApproval("sending needs a person") if call.name == "send" else None
+
+
+@pytest.mark.parametrize("decision", [Decision.approve(), Decision.reject("not to Bob")])
+async def test_a_child_waiting_for_a_person_stops_the_parent_too(store, decision: Decision) -> None:
+    effects = Effects()
+    child_provider = ScriptedProvider([c_call(("send", {"to": "bob"})), c_text("child done")])
+    child = Agent(child_provider, tools=[effects.tool()], middleware=[AskForSend()], store=store)
+    ask = agent_tool(child, name="mailer", description="Mail.")
+    parent = Agent(ScriptedProvider([p_call(("mailer", {"task": "mail bob"})), p_text("parent done")]),
+                   tools=[ask], store=store)
+    first = await parent.run("go", session_id="p")
+    assert first.stop.reason is StopReason.WAITING_HUMAN
+    (pending,) = first.stop.pending_actions
+    assert (pending.call.name, pending.reason) == ("mailer", "sub_agent_waiting")
+    assert 'send({"to":"bob"}) [sending needs a person]' in first.stop.detail
+    child_id = (await store.children("p"))[0].child_id
+    assert (await store.get_session(child_id)).state == "WAITING_HUMAN"
+
+    again = await parent.resume("p")  # no decision: still waiting, nothing sent
+    assert again.stop.reason is StopReason.WAITING_HUMAN and effects.done == []
+
+    done = await parent.resume("p", decisions={pending.call.id: decision})
+    assert done.stop.reason is StopReason.COMPLETED and done.output == "parent done"
+    assert effects.done == (["bob"] if decision.kind == "approve" else [])
+    child_tool_results = [m.text for m in (await __import__("fsm_agent").store.load_session(store, child_id)).transcript
+                          if m.role == "tool"]
+    assert child_tool_results == (["sent to bob"] if decision.kind == "approve"
+                                  else ["A person rejected this tool call: not to Bob"])
+    assert (await store.get_session(child_id)).state == "COMPLETED"
+    assert len(child_provider.requests) == 2
+
+
+async def test_an_interrupt_of_the_parent_cuts_the_child_and_the_resume_continues_it(store) -> None:
+    effects = Effects(hold="bob")
+    effects.release.clear()
+    child_provider = ScriptedProvider([c_call(("send", {"to": "ann"})), c_call(("send", {"to": "bob"})),
+                                       c_text("both sent")])
+    child = Agent(child_provider, tools=[effects.tool()], store=store, control_poll=0.02)
+    ask = agent_tool(child, name="mailer", description="Mail.")
+    parent_provider = ScriptedProvider([p_call(("mailer", {"task": "mail ann and bob"})), p_text("parent done")])
+    parent = Agent(parent_provider, tools=[ask], store=store, control_poll=0.02)
+    run = asyncio.ensure_future(parent.run("go", session_id="p"))
+    await asyncio.wait_for(effects.entered.wait(), 10)  # the child is inside its second send
+    await parent.control("p", Interrupt("stop for now"))
+    stopped = await run
+    assert stopped.stop.reason is StopReason.INTERRUPTED
+    assert "mailer left open, to continue on resume" in stopped.stop.detail
+    child_id = (await store.children("p"))[0].child_id
+    assert (await store.get_session(child_id)).state == "INTERRUPTED"
+    assert effects.done == ["ann"]
+    rolled = await store.read_events("p", types=("usage_rolled_up",))
+    assert [e.payload["usage"]["input_tokens"] for e in rolled] == [20]  # the child's 2 calls so far
+
+    effects.release.set()
+    done = await parent.resume("p")
+    assert done.stop.reason is StopReason.COMPLETED and done.output == "parent done"
+    # the cut send had an unknown outcome: the child's model was told, and nothing ran twice
+    assert effects.done == ["ann"]
+    assert len(child_provider.requests) == 3 and len(parent_provider.requests) == 2
+    assert [m.text for m in done.messages if m.role == "tool"] == ["both sent"]
+    assert (await store.children("p"))[0].child_id == child_id and len(await store.children("p")) == 1
+    # usage: parent 2 calls + child 3 calls, the child's counted once across the two roll-ups
+    assert done.usage.input_tokens == 50
+    rolled = await store.read_events("p", types=("usage_rolled_up",))
+    assert [e.payload["usage"]["input_tokens"] for e in rolled] == [20, 10]
+
+
+async def _async(value: Any) -> Any:
+    return value
+
+
+async def test_cancelling_the_parents_task_interrupts_the_child_and_a_resume_finishes_it() -> None:
+    store = MemoryStore()
+    effects = Effects()
+    effects.release.clear()
+    child_provider = ScriptedProvider([c_call(("send", {"to": "ann"})), c_text("sent")])
+    child = Agent(child_provider, tools=[effects.tool()], store=store)
+    parent = Agent(ScriptedProvider([p_call(("mailer", {"task": "mail ann"})), p_text("ok")]),
+                   tools=[agent_tool(child, name="mailer", description="Mail.")], store=store)
+    run = asyncio.ensure_future(parent.run("go", session_id="p"))
+    await asyncio.wait_for(effects.entered.wait(), 10)
+    run.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await run
+    assert (await store.get_session("p")).state == "INTERRUPTED"
+    child_id = (await store.children("p"))[0].child_id
+    assert (await store.get_session(child_id)).state == "INTERRUPTED"
+    done = await parent.resume("p")
+    assert done.stop.reason is StopReason.COMPLETED and effects.done == []  # the cut send is not run again
+    assert (await store.get_session(child_id)).state == "COMPLETED"
+
+
+async def test_a_cancel_of_the_parent_cancels_the_running_child_and_compensates_its_side_effects(store) -> None:
+    compensated: list[dict[str, Any]] = []
+    effects = Effects()
+    send = effects.tool()
+    send.on_compensate(lambda arguments, result, ctx: compensated.append(arguments))
+    gate = asyncio.Event()
+    waiting = asyncio.Event()
+
+    @tool
+    async def think() -> str:
+        """Think for a long time."""
+        waiting.set()
+        await gate.wait()
+        return "thought"
+
+    child = Agent(ScriptedProvider([c_call(("send", {"to": "ann"})), c_call(("think", {})), c_text("never")]),
+                  tools=[send, think], store=store, control_poll=0.02)
+    parent = Agent(ScriptedProvider([p_call(("mailer", {"task": "mail ann"})), p_text("never")]),
+                   tools=[agent_tool(child, name="mailer", description="Mail.")], store=store, control_poll=0.02)
+    run = asyncio.ensure_future(parent.run("go", session_id="p"))
+    await asyncio.wait_for(waiting.wait(), 10)
+    await parent.control("p", Cancel("the user changed their mind"))
+    result = await run
+    assert result.stop.reason is StopReason.CANCELLED
+    child_id = (await store.children("p"))[0].child_id
+    assert (await store.get_session(child_id)).state == "CANCELLED"
+    assert effects.done == ["ann"] and compensated == [{"to": "ann"}]
+    (entry,) = (await store.ledger("p")).values()
+    assert entry.status is LedgerStatus.REJECTED  # the parent's call: compensated by cancelling the child
+
+
+async def test_a_cancel_sent_while_parent_and_child_are_stopped_reaches_the_child() -> None:
+    store = MemoryStore()
+    effects = Effects()
+    effects.release.clear()
+    child = Agent(ScriptedProvider([c_call(("send", {"to": "ann"})), c_text("never")]), tools=[effects.tool()],
+                  store=store, control_poll=0.02)
+    parent = Agent(ScriptedProvider([p_call(("mailer", {"task": "mail ann"})), p_text("never")]),
+                   tools=[agent_tool(child, name="mailer", description="Mail.")], store=store, control_poll=0.02)
+    run = asyncio.ensure_future(parent.run("go", session_id="p"))
+    await asyncio.wait_for(effects.entered.wait(), 10)
+    await parent.control("p", Interrupt())
+    assert (await run).stop.reason is StopReason.INTERRUPTED
+    child_id = (await store.children("p"))[0].child_id
+    await parent.control("p", Cancel("no longer needed"))  # queued: the parent is stopped
+    result = await parent.resume("p")
+    assert result.stop.reason is StopReason.CANCELLED
+    child_rec = await store.get_session(child_id)
+    # the child's send was cut in flight (outcome unknown) and has no compensation: it asks a person
+    assert child_rec.state == "WAITING_HUMAN" and child_rec.stop["required_decision"] == "confirm_cancel"
+    assert effects.done == []
+
+
+async def test_a_child_id_taken_by_another_parent_is_a_typed_error() -> None:
+    store = MemoryStore()
+    for sid in ("a", "b"):
+        await store.create_session(SessionRecord(sid, "Idle"))
+    await link_child(store, "a", "kid", "agent_tool", call_id="c1")
+    assert (await link_child(store, "a", "kid", "agent_tool", call_id="c1")).parent_id == "a"  # idempotent
+    with pytest.raises(SessionLinkError, match="started by session 'a' by call c1"):
+        await link_child(store, "b", "kid", "agent_tool", call_id="c1")
+    with pytest.raises(SessionLinkError):
+        await link_child(store, "a", "kid", "agent_tool", call_id="c2")
