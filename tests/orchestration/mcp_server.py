@@ -31,10 +31,18 @@ class State:
     """What the server saw: calls per tool, cancellations, and the values ``put`` stored."""
 
     def __init__(self) -> None:
+        self.journal = os.environ.get("FSM_MCP_TEST_JOURNAL")
+        """A file each counted call appends its tool's name to (a record that outlives the process), or ``None``."""
         self.calls: Counter[str] = Counter()
         self.cancelled: list[str] = []
         self.started: list[str] = []
         self.store: dict[str, str] = {}
+
+    def count(self, tool: str) -> None:
+        self.calls[tool] += 1
+        if self.journal:
+            with open(self.journal, "a") as f:
+                f.write(tool + "\n")
 
     def as_json(self) -> dict[str, Any]:
         return {"calls": dict(self.calls), "cancelled": list(self.cancelled), "started": list(self.started),
@@ -54,25 +62,25 @@ def build_server(name: str = "fsm-test") -> tuple[MCPServer, State]:
     @srv.tool(annotations=READ_ONLY)
     def add(a: int, b: int) -> int:
         """Add two integers."""
-        state.calls["add"] += 1
+        state.count("add")
         return a + b
 
     @srv.tool(annotations=IDEMPOTENT)
     def put(key: str, value: str) -> str:
         """Store a value under a key (repeating it changes nothing)."""
-        state.calls["put"] += 1
+        state.count("put")
         state.store[key] = value
         return f"stored {key}"
 
     @srv.tool(annotations=DESTRUCTIVE)
     def delete_record(key: str) -> str:
         """Delete a stored record."""
-        state.calls["delete_record"] += 1
+        state.count("delete_record")
         state.store.pop(key, None)
         return f"deleted {key}"
 
     async def _steps(tool: str, n: int, delay: float, ctx: Context) -> str:
-        state.calls[tool] += 1
+        state.count(tool)
         state.started.append(tool)
         try:
             for i in range(1, n + 1):
@@ -96,19 +104,19 @@ def build_server(name: str = "fsm-test") -> tuple[MCPServer, State]:
     @srv.tool(annotations=READ_ONLY)
     def fail(reason: str) -> str:
         """Always fails with the reason given."""
-        state.calls["fail"] += 1
+        state.count("fail")
         raise ToolError(f"cannot do that: {reason}")
 
     @srv.tool(annotations=READ_ONLY)
     def weather(city: str) -> dict[str, Any]:
         """Structured weather for a city."""
-        state.calls["weather"] += 1
+        state.count("weather")
         return {"city": city, "celsius": 21.5, "sky": "clear"}
 
     @srv.tool(annotations=READ_ONLY, structured_output=False)
     def report() -> list[Any]:
         """A report in several content kinds."""
-        state.calls["report"] += 1
+        state.count("report")
         return [TextContent(type="text", text="summary: all good"),
                 ImageContent(type="image", data=PNG_1PX, mime_type="image/png"),
                 EmbeddedResource(type="resource", resource=TextResourceContents(
@@ -119,7 +127,7 @@ def build_server(name: str = "fsm-test") -> tuple[MCPServer, State]:
     @srv.tool(name="files.read", annotations=READ_ONLY)
     def files_read(path: str) -> str:
         """A tool whose name has a dot (not allowed in fsm_agent tool names)."""
-        state.calls["files.read"] += 1
+        state.count("files.read")
         return f"contents of {path}"
 
     @srv.tool(annotations=READ_ONLY)
@@ -130,7 +138,7 @@ def build_server(name: str = "fsm-test") -> tuple[MCPServer, State]:
     @srv.tool(annotations=READ_ONLY)
     def whoami(ctx: Context) -> str:
         """The X-Caller HTTP header of the request (Streamable HTTP only)."""
-        state.calls["whoami"] += 1
+        state.count("whoami")
         return (ctx.headers or {}).get("x-caller", "(none)")
 
     @srv.tool(annotations=READ_ONLY)

@@ -14,15 +14,17 @@ import signal
 import socket
 import sys
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 import uvicorn
+from mcp import StdioServerParameters
 
 from fsm_agent import Agent, Cancel, ScriptedProvider, ToolProgress, ToolRegistry
 from fsm_agent.orchestration.mcp import MCPToolset, mcp_tools
 from fsm_agent.providers import tool_call_response
-from fsm_agent.store import MemoryStore
+from fsm_agent.store import MemoryStore, SQLiteStore
 from fsm_agent.tools import execute_tool_call
 from fsm_agent.types import ToolUseBlock
 
@@ -257,3 +259,46 @@ async def test_a_http_server_killed_mid_call_fails_the_call_not_the_run() -> Non
         if proc.returncode is None:
             proc.kill()
         await proc.wait()
+
+
+# -- a crash of the agent's process mid-call, then a resume ----------------------------------------
+
+WORKER = Path(__file__).with_name("mcp_crash_worker.py")
+
+
+@pytest.mark.parametrize(("tool", "effect"), [("slow_write", "side_effect"), ("count", "pure")])
+async def test_after_a_crash_mid_call_a_resume_reruns_a_pure_mcp_call_and_never_a_side_effect(
+        tmp_path: Path, tool: str, effect: str) -> None:
+    db, journal = tmp_path / "sessions.db", tmp_path / "server-calls.txt"
+    proc = await asyncio.create_subprocess_exec(sys.executable, str(WORKER), str(db), "s-crash", tool, str(journal),
+                                                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    _, err = await asyncio.wait_for(proc.communicate(), DEADLINE * 3)
+    assert proc.returncode == -signal.SIGKILL, err.decode()[-2000:]
+    assert journal.read_text().split() == [tool]  # the server had begun the call
+    await asyncio.sleep(0.6)  # the dead worker's lease (0.5 s) runs out
+
+    params = StdioServerParameters(command=sys.executable, args=[STDIO[1]],
+                                   env={"FSM_MCP_TEST_JOURNAL": str(journal)})
+    store = SQLiteStore(str(db))
+    try:
+        async with mcp_tools(params) as ts:
+            assert ts[tool].effect.value == effect
+            # a pure turn is not checkpointed before its calls (repeating them is harmless): the resume
+            # asks the model again, which calls the tool again
+            provider = ScriptedProvider([tool_call_response((tool, {"n": 1, "delay": 0.01})),
+                                         "finished after the resume"])
+            result = await Agent(provider, tools=ts, store=store).resume("s-crash")
+            entries = list((await store.ledger("s-crash")).values())
+    finally:
+        await store.close()
+    if effect == "pure":
+        assert result.stop.reason.value == "COMPLETED" and result.output == "finished after the resume"
+        assert journal.read_text().split() == [tool, tool]
+        assert [e.status.value for e in entries] == ["completed"]
+    else:  # it may have happened: a person decides, and the server never sees it twice
+        assert result.stop.reason.value == "WAITING_HUMAN", result.stop
+        assert journal.read_text().split() == [tool]
+        assert provider.requests == []
+        [pending] = result.stop.pending_actions
+        assert (pending.call.name, pending.reason) == (tool, "unknown_outcome")
+        assert [(e.effect, e.status.value) for e in entries] == [("side_effect", "started")]
