@@ -666,6 +666,7 @@ async def _resume(args: argparse.Namespace, out: TextIO, err: TextIO, progress: 
 
 
 async def _sessions(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    from .diagrams import latest_plan
     from .store.sessions import load_session, read_turns
     from .types.codec import unstructure
 
@@ -697,9 +698,10 @@ async def _sessions(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
                 out.write(orjson.dumps(unstructure(e)).decode() + "\n")
             return 0
         rec = loaded.record
+        plan = latest_plan(events)
         doc = {"session": unstructure(rec), "checkpoint": unstructure(loaded.checkpoint),
                "ledger": {k: unstructure(v) for k, v in loaded.ledger.items()}, "events": len(events),
-               "messages": len(loaded.transcript)}
+               "messages": len(loaded.transcript), "plan": unstructure(plan) if plan is not None else None}
         if args.json:
             out.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode() + "\n")
             return 0
@@ -713,6 +715,8 @@ async def _sessions(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
                   f"{loaded.checkpoint.data['turn'] if loaded.checkpoint else 0}\n")
         for entry in sorted(loaded.ledger.values(), key=lambda e: e.updated_at):
             out.write(f"tool call {entry.call_id} {entry.tool}: {entry.status.value} ({entry.effect})\n")
+        if plan is not None:
+            out.write("\n".join(plan.describe()) + "\n")
         return 0
     finally:
         await store.close()
@@ -800,6 +804,9 @@ async def _serve(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 def _diagram(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from .diagrams import check_diagram, chains_of, default_diagram_path, render_machine, trace_of, write_diagram
 
+    if args.plan:
+        return _plan_diagram(args, out, err)
+
     if args.check:
         path = (args.output or default_diagram_path()).resolve()
         problem = check_diagram(path)
@@ -818,6 +825,38 @@ def _diagram(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         err.write(f"wrote {path}\n")
         return 0
     text = render_machine(chains=chains, trace=trace, title=args.agent or (Path(args.trace).name if args.trace else None))
+    if args.output:
+        args.output.write_text(text)
+        err.write(f"wrote {args.output.resolve()}\n")
+    else:
+        out.write(text)
+    return 0
+
+
+def _plan_diagram(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    """``diagram --plan EVENTS.jsonl``: the session's PlanAct plan (its last ``plan_updated``) as a flowchart."""
+    from .diagrams import latest_plan, render_plan
+
+    if args.check or args.agent or args.trace:
+        raise ConfigurationError("--plan renders a session's plan on its own; leave out --check, --agent and --trace")
+    path = Path(args.plan)
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise ConfigurationError(f"cannot read {path}: {exc.strerror or exc}") from exc
+    events = []
+    for n, line in enumerate(lines, 1):
+        if line.strip():
+            try:
+                events.append(orjson.loads(line))
+            except orjson.JSONDecodeError as exc:
+                raise ConfigurationError(f"{path}:{n}: not a JSON event line ({exc}); produce the file with "
+                                         "`fsm-agent sessions show ID --events`") from exc
+    plan = latest_plan(events)
+    if plan is None:
+        raise ConfigurationError(f"{path} holds no plan_updated event: the session ran without the planact plugin "
+                                 "(or this is not its `fsm-agent sessions show ID --events` output)")
+    text = render_plan(plan)
     if args.output:
         args.output.write_text(text)
         err.write(f"wrote {args.output.resolve()}\n")
@@ -994,6 +1033,8 @@ def _build_parser() -> argparse.ArgumentParser:
     d.add_argument("--stdout", action="store_true", help="print instead of writing")
     d.add_argument("--agent", metavar="MODULE:ATTR", help="show the middleware chains of this Agent")
     d.add_argument("--trace", metavar="EVENTS.jsonl", help="mark the path of a run (`fsm-agent sessions show ID --events`)")
+    d.add_argument("--plan", metavar="EVENTS.jsonl",
+                   help="render the run's PlanAct plan as a Mermaid flowchart instead (from `sessions show ID --events`)")
 
     dc = sub.add_parser("decode", help="decode a recorded provider response body (stdin) to JSON")
     dc.add_argument("--protocol", required=True, choices=["openai-chat", "openai-responses", "anthropic"])

@@ -2,7 +2,11 @@
 
 * :func:`render_machine` — the machine itself (``diagrams/agent_loop.mmd``);
 * ``chains=`` — each phase's middleware chain of a configured agent, as notes;
-* ``trace=`` — the path one run took (from its transition events), highlighted.
+* ``trace=`` — the path one run took (from its transition events), highlighted;
+* :func:`render_plan` — a run's PlanAct plan as a Mermaid flowchart (nodes by status, dependency
+  edges); :func:`latest_plan` reads it from a session's events (the last ``plan_updated``, which
+  holds what the latest checkpoint carries). The CLI (``sessions show``, ``diagram --plan``) and the
+  server (``GET /sessions/{sid}/diagram?view=plan``, and ``plan`` in ``?format=json``) all use these.
 
 Output is deterministic (table order), so ``fsm-agent diagram --check`` and the
 test can compare it byte for byte with the committed file.
@@ -18,12 +22,15 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from .machine.phases import PHASES, TRANSITIONS, Phase
+from .types.codec import structure
+from .types.plan import NodeStatus, Plan
 from .types.run import StopReason
 
-__all__ = ["DEFAULT_PATH", "chains_of", "check_diagram", "default_diagram_path", "render_machine", "repository_root",
-           "trace_of", "write_diagram"]
+__all__ = ["DEFAULT_PATH", "chains_of", "check_diagram", "default_diagram_path", "latest_plan", "render_machine",
+           "render_plan", "repository_root", "trace_of", "write_diagram"]
 
 DEFAULT_PATH = Path("diagrams") / "agent_loop.mmd"
 """Where the machine's diagram lives, relative to the repository root (:func:`repository_root`)."""
@@ -126,6 +133,81 @@ def render_machine(
             lines.append("    classDef s_active fill:#fde68a,stroke:#b45309,stroke-width:4px")
             lines.append(f"    class {active} s_active")
     return "\n".join(lines) + "\n"
+
+
+_PLAN_STYLES = {
+    NodeStatus.PENDING: "fill:#ffffff,stroke:#6b7280",
+    NodeStatus.RUNNING: "fill:#fde68a,stroke:#b45309,stroke-width:3px",
+    NodeStatus.PASSED: "fill:#dcfce7,stroke:#15803d",
+    NodeStatus.FAILED: "fill:#fde2e2,stroke:#b91c1c",
+    NodeStatus.SKIPPED: "fill:#f3f4f6,stroke:#9ca3af,stroke-dasharray:4 3,color:#6b7280",
+}
+
+
+def _label(text: str, limit: int = 60) -> str:
+    """Text safe inside a quoted Mermaid label: one line, cut to ``limit``, entity-escaped."""
+    text = " ".join(text.split())
+    if len(text) > limit:
+        text = text[:limit - 1] + "…"
+    return text.replace("#", "#35;").replace('"', "#quot;").replace("<", "#lt;").replace(">", "#gt;")
+
+
+def _comment(text: str) -> str:
+    """Text safe in a ``%%`` comment: one line, no braces (``%%{`` opens a Mermaid directive)."""
+    return " ".join(text.split())[:200].replace("{", "(").replace("}", ")")
+
+
+def render_plan(plan: Plan) -> str:
+    """The Mermaid ``flowchart`` source of a plan (deterministic: dependency order).
+
+    Each node is a box ``id · status``, its goal, and its attempts, with the class of its status
+    (``pending``, ``running``, ``passed``, ``failed``, ``skipped``); each dependency is an edge from
+    the node depended on (dotted when either end is skipped). The title gives the version, the
+    replans and how many nodes passed; the goal and each replan are ``%%`` comments. Mermaid
+    node names are ``n1``, ``n2`` ... so that no id a model wrote can break the syntax.
+    """
+    ordered = plan.order()
+    names = {n.id: f"n{i}" for i, n in enumerate(ordered, 1)}
+    passed = sum(n.status is NodeStatus.PASSED for n in plan.nodes)
+    live = sum(n.status is not NodeStatus.SKIPPED for n in plan.nodes)
+    replans = f"{plan.replans} replan" + ("" if plan.replans == 1 else "s")
+    lines = ["---", f"title: plan v{plan.version}, {replans}, {passed} of {live} nodes passed", "---",
+             "flowchart TD", f"    %% goal: {_comment(plan.goal)}"]
+    for r in plan.history:
+        lines.append(f"    %% replan to v{r.version} ({r.trigger.value}{' ' + _comment(r.node) if r.node else ''}): "
+                     f"{_comment(r.reason)}")
+    for n in ordered:
+        tries = f"<br/>{n.attempts} attempt" + ("" if n.attempts == 1 else "s") if n.attempts else ""
+        lines.append(f'    {names[n.id]}["{_label(n.id, 32)} · {n.status.value}<br/>{_label(n.goal)}{tries}"]')
+    for n in ordered:
+        for d in n.depends_on:
+            if d in names:
+                dotted = NodeStatus.SKIPPED in (n.status, plan.node(d).status)
+                lines.append(f"    {names[d]} {'-.->' if dotted else '-->'} {names[n.id]}")
+    for status, style in _PLAN_STYLES.items():
+        members = [names[n.id] for n in ordered if n.status is status]
+        if members:
+            lines.append(f"    classDef {status.value} {style}")
+            lines.append(f"    class {','.join(members)} {status.value}")
+    return "\n".join(lines) + "\n"
+
+
+def latest_plan(events: Iterable[Any]) -> Plan | None:
+    """The plan of the last ``plan_updated`` event among ``events`` (``EventRecord`` objects, or
+    dicts with ``type`` and ``payload`` as ``sessions show --events`` prints them), or ``None``
+    when there is none (the session ran without PlanAct).
+
+    The last ``plan_updated`` holds the plan that any later checkpoint carries: events and
+    checkpoints are committed together, so the two never disagree.
+    """
+    found: Any = None
+    for ev in events:
+        kind = ev.get("type") if isinstance(ev, Mapping) else getattr(ev, "type", None)
+        if kind == "plan_updated":
+            payload = ev.get("payload") if isinstance(ev, Mapping) else getattr(ev, "payload", None)
+            if isinstance(payload, Mapping) and "plan" in payload:
+                found = payload["plan"]
+    return structure(found, Plan) if found is not None else None
 
 
 def write_diagram(path: Path | None = None) -> Path:

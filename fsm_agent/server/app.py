@@ -18,7 +18,9 @@ JSON in and out; every error is an RFC 9457 problem document (``application/prob
 * ``POST /sessions/{sid}/approvals/{call_id}`` ``{"decision": "approve"|"edit"|"reject"|"respond",
   "arguments"?, "message"?, "is_error"?}``: idempotent (a repeat returns the first outcome; a
   different decision for the same call is 409).
-* ``GET /sessions/{sid}/diagram``: the Mermaid source, current state and path (``?format=json``).
+* ``GET /sessions/{sid}/diagram``: the Mermaid source, current state and path (``?format=json``);
+  ``?view=plan`` gives the session's PlanAct plan as a flowchart instead (404 without one), and the
+  JSON form always carries ``plan`` and ``plan_mermaid`` (null without one).
 * ``GET /review/{sid}`` and ``/static/…``: the review page (:mod:`fsm_agent.server.review`).
 * ``POST /auth/login`` / ``/auth/logout``, ``GET /healthz``, ``GET /openapi.json``.
 
@@ -40,7 +42,7 @@ from aiohttp import web
 
 from ..agent import Agent
 from ..control import Decision
-from ..diagrams import render_machine
+from ..diagrams import latest_plan, render_machine, render_plan
 from ..errors import ConfigurationError, ResumeError, SessionExistsError, ToolArgumentsError
 from ..hooks import HookBus
 from ..store.base import QUEUED, ControlKind, SessionRecord, Store
@@ -544,13 +546,24 @@ class _Server:
         fmt = request.query.get("format", "mermaid")
         if fmt not in ("mermaid", "json"):
             raise Problem(400, "Wrong field", "format must be 'mermaid' or 'json'")
+        view = request.query.get("view", "machine")
+        if view not in ("machine", "plan"):
+            raise Problem(400, "Wrong field", "view must be 'machine' or 'plan'")
         path = [(ev.payload["from"], ev.payload["trigger"], ev.payload["to"])
                 for ev in await self.store.read_events(rec.session_id, types=("transition",))]
+        plan = latest_plan(await self.store.read_events(rec.session_id, types=("plan_updated",)))
+        plan_text = render_plan(plan) if plan is not None else None
+        if view == "plan" and plan_text is None:
+            raise Problem(404, "No plan", f"session {rec.session_id} has no plan (it runs without the planact plugin, "
+                                          "or its planner has not answered yet); drop view=plan for the machine")
         active = None if rec.state == QUEUED else rec.state
-        text = render_machine(trace=path, active=active, title=f"session {rec.session_id}")
+        text = plan_text if view == "plan" and plan_text is not None else render_machine(
+            trace=path, active=active, title=f"session {rec.session_id}")
         if fmt == "json":
             return json_response({"session_id": rec.session_id, "state": rec.state, "mermaid": text,
-                                  "path": [list(p) for p in path]})
+                                  "path": [list(p) for p in path],
+                                  "plan": unstructure(plan) if plan is not None else None,
+                                  "plan_mermaid": plan_text})
         return web.Response(text=text, content_type="text/plain", charset="utf-8",
                             headers={"Cache-Control": "no-cache"})
 

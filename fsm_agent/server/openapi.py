@@ -127,8 +127,10 @@ def openapi_document() -> dict[str, Any]:
                 ok=("202", "Accepted (a repeat: 200 with the first outcome)", "Outcome"),
                 errors=("400", "401", "403", "404", "409", "413"))},
             "/sessions/{sid}/diagram": {"get": _op(
-                "The Mermaid state diagram with the current state and the path taken",
-                params=(_SID, {"name": "format", "in": "query", "schema": {"enum": ["mermaid", "json"]}}),
+                "The Mermaid state diagram with the current state and the path taken (view=plan: the "
+                "session's PlanAct plan; JSON also carries plan and plan_mermaid)",
+                params=(_SID, {"name": "format", "in": "query", "schema": {"enum": ["mermaid", "json"]}},
+                        {"name": "view", "in": "query", "schema": {"enum": ["machine", "plan"]}}),
                 ok=("200", "Mermaid source", "text"))},
             "/review/{sid}": {"get": _op("The review page", params=(_SID,), ok=("200", "HTML", None), errors=(),
                                          extra={"security": []})},
