@@ -236,9 +236,9 @@ def sdk_server(executor: SdkExecutor, *, streaming: bool = True, name: str = "sd
 
 # -- a proxy that drops streams -------------------------------------------------------------------
 class DropProxy:
-    """Forwards 127.0.0.1:port to ``target_port``. For a connection whose request contains one of
-    ``cut_on`` (bytes), the server-to-client side is closed after ``cut_after`` bytes, ``cuts``
-    times in all. ``requests`` holds each connection's first bytes (its request head and body)."""
+    """Forwards 127.0.0.1:port to ``target_port``. After a request that contains one of ``cut_on``
+    (bytes), the connection is cut once ``cut_after`` bytes of its answer went to the client,
+    ``cuts`` times in all. ``requests`` holds all the bytes each connection sent (heads and bodies)."""
 
     def __init__(self, target_port: int, *, cut_on: tuple[bytes, ...] = (), cut_after: int = 0, cuts: int = 1) -> None:
         self.target_port, self.cut_on, self.cut_after, self.cuts_left = target_port, cut_on, cut_after, cuts
@@ -270,32 +270,32 @@ class DropProxy:
             return
         index = len(self.requests)
         self.requests.append(b"")
-        decided: list[bool | None] = [None]
+        armed = [False]
+        sent = [0]
 
         async def up() -> None:
             while data := await cr.read(65536):
-                if len(self.requests[index]) < 65536:
-                    self.requests[index] += data
+                self.requests[index] += data
+                # a keep-alive connection carries one request after another: a request with the
+                # marker arms the cut, counted from the first byte of its answer
+                if not armed[0] and self.cuts_left > 0 and any(k in data for k in self.cut_on):
+                    self.cuts_left -= 1
+                    armed[0], sent[0] = True, 0
                 sw.write(data)
                 await sw.drain()
             sw.close()
 
         async def down() -> None:
-            sent = 0
             while data := await sr.read(65536):
-                if decided[0] is None:
-                    decided[0] = self.cuts_left > 0 and any(k in self.requests[index] for k in self.cut_on)
-                    if decided[0]:
-                        self.cuts_left -= 1
-                if decided[0] and sent + len(data) >= self.cut_after:
-                    cw.write(data[:max(0, self.cut_after - sent)])
+                if armed[0] and sent[0] + len(data) >= self.cut_after:
+                    cw.write(data[:max(0, self.cut_after - sent[0])])
                     with contextlib.suppress(Exception):
                         await cw.drain()
                     self.cut += 1
                     cw.transport.abort()
                     sw.transport.abort()
                     return
-                sent += len(data)
+                sent[0] += len(data)
                 cw.write(data)
                 await cw.drain()
             cw.close()
