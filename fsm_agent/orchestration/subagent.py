@@ -57,12 +57,12 @@ from ..errors import ConfigurationError, ToolError, WaitForHuman
 from ..machine.config import RunConfig
 from ..store.base import LinkKind
 from ..tools.registry import Tool, ToolContext, ToolEffect
-from ..types.run import RunResult, StopReason
+from ..types.run import RunResult, RunStop, StopReason
 from ..types.structured import OutputSchema
 from ._child import cancel_child, drive_child
 from .links import child_session_id
 
-__all__ = ["STOP_RESULTS", "agent_tool", "checked_limits", "sub_agent_result"]
+__all__ = ["STOP_RESULTS", "agent_tool", "checked_limits", "sub_agent_result", "waiting_for"]
 
 TASK_PARAMETERS: dict[str, Any] = {
     "type": "object",
@@ -114,6 +114,13 @@ def _short(text: str, limit: int = 600) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def waiting_for(stop: RunStop) -> str:
+    """What a WAITING_HUMAN stop waits for: each pending call (name, arguments, reason), or the
+    required decision."""
+    return ", ".join(f"{p.call.name}({orjson.dumps(p.call.input).decode()[:200]}) [{p.reason}]"
+                     for p in stop.pending_actions) or (stop.required_decision or "a decision")
+
+
 def sub_agent_result(result: RunResult, *, name: str, structured: bool = False) -> str:
     """The tool result of a sub-agent's run (:data:`STOP_RESULTS`).
 
@@ -131,10 +138,8 @@ def sub_agent_result(result: RunResult, *, name: str, structured: bool = False) 
             return orjson.dumps(result.output_data).decode()
         return result.output or "(the sub-agent answered with no text)"
     if stop.reason is StopReason.WAITING_HUMAN:
-        waiting = ", ".join(f"{p.call.name}({orjson.dumps(p.call.input).decode()[:200]}) [{p.reason}]"
-                            for p in stop.pending_actions) or (stop.required_decision or "a decision")
         raise WaitForHuman(
-            f"sub-agent {name!r} (session {sid}) waits for a person: {waiting}. Approve to let it go on, "
+            f"sub-agent {name!r} (session {sid}) waits for a person: {waiting_for(stop)}. Approve to let it go on, "
             "reject or respond to answer its pending calls with your message", reason="sub_agent_waiting",
             allowed_decisions=("approve", "reject", "respond"))
     partial = f" Its last answer: {_short(result.output)!r}." if result.output.strip() else ""
