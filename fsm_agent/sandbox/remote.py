@@ -61,7 +61,7 @@ from .base import (
     SandboxUnavailableError,
 )
 
-__all__ = ["WIRE_VERSION", "HttpRemoteExecutor", "RemoteExecutor", "RemoteRequest", "RemoteSandbox", "result_to_json"]
+__all__ = ["HttpRemoteExecutor", "RemoteExecutor", "RemoteRequest", "RemoteSandbox", "WIRE_VERSION", "result_to_json"]
 
 WIRE_VERSION = 1
 """The ``version`` of the ``POST /run`` body this client sends."""
