@@ -1,0 +1,302 @@
+"""A leader and N workers: the forced, schema-constrained split, bounded parallel workers in linked
+sessions with their own budgets, the merge rules with failing workers, retries, verification,
+WAITING_HUMAN, interrupt, cancel and resume (ScriptedProvider; links on every store)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from fsm_agent import Agent, Decision, Middleware, ScriptedProvider, StopReason, tool
+from fsm_agent.control import Cancel, Interrupt
+from fsm_agent.errors import ConfigurationError, ProviderError
+from fsm_agent.middleware import AskApproval
+from fsm_agent.orchestration.team import (
+    DISPATCH,
+    MergeDecision,
+    Team,
+    WorkerOutcome,
+    all_succeed,
+    best_effort,
+    quorum,
+)
+from fsm_agent.providers import text_response, tool_call_response
+from fsm_agent.store import LedgerStatus, MemoryStore
+from fsm_agent.types import MessageRequest, ToolResultMessage
+
+
+def split(*tasks: str) -> Any:
+    return tool_call_response((DISPATCH, {"subtasks": [{"task": t} for t in tasks]}))
+
+
+def task_of(request: MessageRequest) -> str:
+    return next(m.text for m in request.messages if m.role == "user")
+
+
+class Workers:
+    """A worker provider answering by subtask: ``fail:<...>`` fails for good, ``flaky:<...>`` fails
+    retryably once, ``tool:<...>`` calls the ``work`` tool first, anything else answers at once."""
+
+    def __init__(self, delay: float = 0.0) -> None:
+        self.calls: dict[str, int] = {}
+        self.provider = ScriptedProvider([self.answer], repeat_last=True, delay=delay)
+
+    def answer(self, request: MessageRequest) -> Any:
+        task = task_of(request)
+        self.calls[task] = self.calls.get(task, 0) + 1
+        if task.startswith("fail:"):
+            return ProviderError("this part cannot be done", retryable=False)
+        if task.startswith("flaky:") and self.calls[task] == 1:
+            return ProviderError("overloaded", retryable=True)
+        last = request.messages[-1]
+        if task.startswith("tool:") and not isinstance(last, ToolResultMessage):
+            return tool_call_response(("work", {"what": task}))
+        return text_response(f"result of {task}")
+
+
+async def test_split_workers_merge_in_one_leader_session_with_links_and_roll_up(store) -> None:
+    leader_p = ScriptedProvider([split("a", "b", "c"), "a+b+c merged"])
+    workers = Workers()
+    team = Team(Agent(leader_p, system_prompt="Lead well.", store=store), Agent(workers.provider, store=store),
+                max_workers=3)
+    result = await team.run("do abc", session_id="L")
+    assert result.stop.reason is StopReason.COMPLETED and result.output == "a+b+c merged"
+    assert result.stop.detail == "merged 3 worker result(s) under all_succeed() (decided by team)"
+
+    # the split is the session's first call, forced to the dispatch tool; the merge turn no longer offers it
+    first, second = leader_p.requests
+    assert [t.name for t in first.tools] == [DISPATCH] and first.tool_choice == "required"
+    assert first.tools[0].parameters["properties"]["subtasks"]["maxItems"] == 3
+    assert first.messages[0].text.startswith("You lead a team of workers.") and "Lead well." in first.messages[0].text
+    assert DISPATCH not in [t.name for t in second.tools]
+    report = [m.text for m in second.messages if m.role == "tool"][0]
+    assert "[worker 1] MERGE (COMPLETED) b\nresult of b" in report
+
+    links = await store.children("L")
+    assert [(x.kind, x.metadata["index"], x.metadata["task"]) for x in links] == [
+        ("worker", 0, "a"), ("worker", 1, "b"), ("worker", 2, "c")]
+    assert len({x.call_id for x in links}) == 1
+    assert [w.session_id for w in result.workers] == [x.child_id for x in links]
+    assert all(w.ok and w.output == f"result of {w.task}" for w in result.workers)
+    # usage: the leader's 2 calls and the workers' 3, in the leader's session
+    assert result.usage.input_tokens == 50
+    assert sum(w.usage.input_tokens for w in result.workers) == 30
+
+
+async def test_parallelism_is_bounded() -> None:
+    store = MemoryStore()
+    running, peak = [0], [0]
+
+    @tool
+    async def work(what: str) -> str:
+        """Work."""
+        running[0] += 1
+        peak[0] = max(peak[0], running[0])
+        await asyncio.sleep(0.05)
+        running[0] -= 1
+        return what
+
+    workers = Workers()
+    team = Team(Agent(ScriptedProvider([split(*(f"tool:{i}" for i in range(5))), "merged"]), store=store),
+                Agent(workers.provider, tools=[work], store=store), max_workers=5, max_parallel=2)
+    result = await team.run("go")
+    assert result.stop.reason is StopReason.COMPLETED and len(result.workers) == 5
+    assert peak[0] == 2
+
+
+async def test_a_split_that_breaks_the_schema_is_asked_again() -> None:
+    store = MemoryStore()
+    leader_p = ScriptedProvider([tool_call_response((DISPATCH, {"subtasks": []})), split("x", "y", "z", "w"),
+                                 split("x"), "merged x"])
+    team = Team(Agent(leader_p, store=store), Agent(Workers().provider, store=store), max_workers=3)
+    result = await team.run("go", session_id="L")
+    assert result.stop.reason is StopReason.COMPLETED and [w.task for w in result.workers] == ["x"]
+    errors = [m for m in result.result.messages if m.role == "tool" and m.is_error]
+    assert [e.metadata["error"] for e in errors] == ["invalid_arguments", "invalid_arguments"]
+    assert "should be non-empty" in errors[0].text and "is too long" in errors[1].text
+    assert all(r.tool_choice == "required" for r in leader_p.requests[:3])
+
+
+@pytest.mark.parametrize(("rule", "stop", "merged"), [
+    (all_succeed(), StopReason.FAILED_TERMINAL, None),
+    (quorum(2), StopReason.COMPLETED, [0, 2]),
+    (quorum(3), StopReason.FAILED_TERMINAL, None),
+    (best_effort(), StopReason.COMPLETED, [0, 2]),
+])
+async def test_merge_rules_with_a_failing_worker(store, rule: Any, stop: StopReason, merged: list[int] | None) -> None:
+    leader_p = ScriptedProvider([split("a", "fail:b", "c"), "merged what we have"])
+    team = Team(Agent(leader_p, store=store), Agent(Workers().provider, store=store), merge=rule, max_workers=3)
+    result = await team.run("go", session_id="L")
+    assert result.stop.reason is stop
+    assert [w.stop for w in result.workers] == [StopReason.COMPLETED, StopReason.FAILED_TERMINAL,
+                                                 StopReason.COMPLETED]
+    if merged is None:
+        assert result.stop.error["kind"] == "merge_rule"
+        assert f"{rule!r} not met: 2 of 3 workers completed; failed: worker 1 FAILED_TERMINAL" in result.stop.detail
+        assert len(leader_p.requests) == 1  # the team stopped at the merge rule: no merge turn
+    else:
+        report = [m.text for m in leader_p.requests[1].messages if m.role == "tool"][0]
+        assert "[worker 1] NOT MERGED (FAILED_TERMINAL) fail:b\nfailed:" in report
+        assert "[worker 0] MERGE" in report and "[worker 2] MERGE" in report
+
+
+async def test_a_custom_merge_rule_sees_every_outcome() -> None:
+    store = MemoryStore()
+    seen: list[list[WorkerOutcome]] = []
+
+    def only_first(outcomes: Any) -> MergeDecision:
+        seen.append(list(outcomes))
+        return MergeDecision(True, (0,), "only the first counts")
+
+    team = Team(Agent(ScriptedProvider([split("a", "fail:b"), "a alone"]), store=store),
+                Agent(Workers().provider, store=store), merge=only_first)
+    result = await team.run("go")
+    assert result.stop.reason is StopReason.COMPLETED
+    assert [(o.index, o.stop) for o in seen[0]] == [(0, StopReason.COMPLETED), (1, StopReason.FAILED_TERMINAL)]
+
+
+async def test_a_retryable_failure_resumes_the_same_worker_session() -> None:
+    store = MemoryStore()
+    workers = Workers()
+    team = Team(Agent(ScriptedProvider([split("flaky:a"), "merged"]), store=store), Agent(workers.provider, store=store),
+                retries=1)
+    result = await team.run("go", session_id="L")
+    assert result.stop.reason is StopReason.COMPLETED
+    (w,) = result.workers
+    assert w.ok and w.output == "result of flaky:a" and workers.calls["flaky:a"] == 2
+    assert len(await store.children("L")) == 1
+    assert [e.type for e in await store.read_events(w.session_id, types=("resume",))] == ["resume"]
+
+
+async def test_without_retries_a_retryable_failure_is_a_failed_outcome() -> None:
+    store = MemoryStore()
+    team = Team(Agent(ScriptedProvider([split("flaky:a")]), store=store), Agent(Workers().provider, store=store),
+                retries=0)
+    result = await team.run("go")
+    assert result.stop.reason is StopReason.FAILED_TERMINAL and result.stop.error["kind"] == "merge_rule"
+    assert result.workers[0].stop is StopReason.FAILED_RETRYABLE
+
+
+@pytest.mark.parametrize("passes_on", [1, 2, None])
+async def test_the_merged_answer_is_verified(passes_on: int | None) -> None:
+    store = MemoryStore()
+    checks: list[str] = []
+
+    def verify(answer: str, outcomes: Any) -> str | None:
+        checks.append(answer)
+        if passes_on is not None and len(checks) >= passes_on:
+            return None
+        return "it must mention every worker"
+
+    leader_p = ScriptedProvider([split("a", "b"), "a only", "a and b"])
+    team = Team(Agent(leader_p, store=store), Agent(Workers().provider, store=store), verify=verify)
+    result = await team.run("go")
+    if passes_on is None:
+        assert result.stop.reason is StopReason.FAILED_TERMINAL
+        assert result.stop.error["kind"] == "verification_failed" and checks == ["a only", "a and b"]
+    else:
+        assert result.stop.reason is StopReason.COMPLETED and result.stop.detail.endswith("verified (decided by team)")
+        assert result.output == ["a only", "a and b"][passes_on - 1]
+    if passes_on != 1:
+        feedback = leader_p.requests[2].messages[-1]
+        assert feedback.role == "user" and "does not pass the check: it must mention every worker" in feedback.text
+
+
+class AskForWork(Middleware):
+    def on_tool_call(self, call: Any, ctx: Any) -> Any:
+        return AskApproval("work needs a person") if call.name == "work" else None
+
+
+async def test_a_worker_waiting_for_a_person_makes_the_leader_wait(store) -> None:
+    done: list[str] = []
+
+    @tool(effect="side_effect")
+    def work(what: str) -> str:
+        """Work."""
+        done.append(what)
+        return what
+
+    workers = Workers()
+    team = Team(Agent(ScriptedProvider([split("a", "tool:b"), "merged"]), store=store),
+                Agent(workers.provider, tools=[work], middleware=[AskForWork()], store=store))
+    first = await team.run("go", session_id="L")
+    assert first.stop.reason is StopReason.WAITING_HUMAN
+    (pending,) = first.stop.pending_actions
+    assert (pending.call.name, pending.reason) == (DISPATCH, "workers_waiting")
+    assert 'work({"what":"tool:b"}) [work needs a person]' in first.stop.detail
+    assert [w.stop for w in first.workers] == [StopReason.COMPLETED, StopReason.WAITING_HUMAN] and done == []
+    result = await team.resume("L", decisions={pending.call.id: Decision.approve()})
+    assert result.stop.reason is StopReason.COMPLETED and done == ["tool:b"]
+    assert workers.calls == {"a": 1, "tool:b": 2}  # worker a was not run again
+
+
+async def test_an_interrupt_of_the_leader_cuts_the_workers_and_the_resume_finishes_them(store) -> None:
+    effects: list[str] = []
+    entered, release = asyncio.Event(), asyncio.Event()
+
+    @tool(effect="side_effect")
+    async def work(what: str) -> str:
+        """Work."""
+        if what == "tool:slow":
+            entered.set()
+            await release.wait()
+        effects.append(what)
+        return what
+
+    workers = Workers()
+    leader_p = ScriptedProvider([split("tool:quick", "tool:slow"), "merged"])
+    leader = Agent(leader_p, store=store, control_poll=0.02)
+    team = Team(leader, Agent(workers.provider, tools=[work], store=store, control_poll=0.02))
+    run = asyncio.ensure_future(team.run("go", session_id="L"))
+    await asyncio.wait_for(entered.wait(), 10)
+    while effects != ["tool:quick"] or not any(w.stop is StopReason.COMPLETED for w in await team.outcomes("L")):
+        await asyncio.sleep(0.02)
+    await leader.control("L", Interrupt("pause the team"))
+    stopped = await run
+    assert stopped.stop.reason is StopReason.INTERRUPTED and "dispatch left open" in stopped.stop.detail
+    assert [w.stop for w in stopped.workers] == [StopReason.COMPLETED, StopReason.INTERRUPTED]
+    release.set()
+    result = await team.resume("L")
+    assert result.stop.reason is StopReason.COMPLETED and result.output == "merged"
+    assert effects == ["tool:quick"]  # the quick worker is not run again; the cut call is outcome-unknown
+    assert workers.calls == {"tool:quick": 2, "tool:slow": 2} and len(leader_p.requests) == 2
+    assert len(await store.children("L")) == 2
+
+
+async def test_a_cancel_of_the_leader_cancels_every_running_worker() -> None:
+    store = MemoryStore()
+    entered: list[str] = []
+
+    @tool
+    async def work(what: str) -> str:
+        """Work."""
+        entered.append(what)
+        await asyncio.sleep(30)
+        return what
+
+    leader = Agent(ScriptedProvider([split("tool:a", "tool:b")]), store=store, control_poll=0.02)
+    team = Team(leader, Agent(Workers().provider, tools=[work], store=store, control_poll=0.02))
+    run = asyncio.ensure_future(team.run("go", session_id="L"))
+    while len(entered) < 2:
+        await asyncio.sleep(0.02)
+    await leader.control("L", Cancel("stop everything"))
+    result = await run
+    assert result.stop.reason is StopReason.CANCELLED
+    assert [w.stop for w in result.workers] == [StopReason.CANCELLED, StopReason.CANCELLED]
+    (entry,) = (await store.ledger("L")).values()
+    assert entry.status is LedgerStatus.REJECTED
+
+
+def test_bad_team_configurations_are_refused() -> None:
+    leader = Agent(ScriptedProvider([]))
+    with pytest.raises(ConfigurationError, match="share the leader's store"):
+        Team(leader, Agent(ScriptedProvider([])))
+    with pytest.raises(ConfigurationError, match="at least one worker"):
+        Team(leader, [])
+    with pytest.raises(ConfigurationError, match="quorum"):
+        quorum(0)
+    with pytest.raises(ConfigurationError, match="max_parallel"):
+        Team(leader, Agent(ScriptedProvider([]), store=leader.store), max_parallel=0)
+    assert repr(quorum(2)) == "quorum(2)" and repr(all_succeed()) == "all_succeed()"
