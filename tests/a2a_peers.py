@@ -66,10 +66,31 @@ async def rpc(session: aiohttp.ClientSession, url: str, method: str, params: Any
         return data
 
 
+def dechunk(body: bytes) -> bytes:
+    """The payload of an HTTP/1.1 chunked body, which may be cut anywhere (a dropped connection)."""
+    out = bytearray()
+    pos = 0
+    while pos < len(body):
+        end = body.find(b"\r\n", pos)
+        if end < 0:
+            break
+        size = int(body[pos:end].split(b";")[0] or b"0", 16)
+        if size == 0:
+            break
+        out += body[end + 2:end + 2 + size]
+        pos = end + 2 + size + 2
+    return bytes(out)
+
+
 def parse_frames(raw: bytes) -> list[dict[str, Any]]:
-    """Complete SSE frames of ``raw``: ``{"id": int|None, "event": str|None, "data": dict}``."""
+    """Complete SSE frames of ``raw``: ``{"id": int|None, "event": str|None, "data": dict}`` (a
+    last frame without its blank line is incomplete, and left out)."""
     out = []
-    for block in raw.replace(b"\r\n", b"\n").split(b"\n\n"):
+    text = raw.replace(b"\r\n", b"\n")
+    blocks = text.split(b"\n\n")
+    if not text.endswith(b"\n\n"):
+        blocks = blocks[:-1]
+    for block in blocks:
         if not block.strip() or block.startswith(b":"):
             continue
         frame: dict[str, Any] = {"id": None, "event": None, "data": None}
@@ -243,6 +264,8 @@ class DropProxy:
     def __init__(self, target_port: int, *, cut_on: tuple[bytes, ...] = (), cut_after: int = 0, cuts: int = 1) -> None:
         self.target_port, self.cut_on, self.cut_after, self.cuts_left = target_port, cut_on, cut_after, cuts
         self.requests: list[bytes] = []
+        self.delivered: list[bytes] = []
+        """For each cut: the bytes of the cut answer that reached the client."""
         self.cut = 0
         self.server: asyncio.AbstractServer | None = None
         self.port = 0
@@ -272,6 +295,7 @@ class DropProxy:
         self.requests.append(b"")
         armed = [False]
         sent = [0]
+        got = bytearray()
 
         async def up() -> None:
             while data := await cr.read(65536):
@@ -289,6 +313,8 @@ class DropProxy:
             while data := await sr.read(65536):
                 if armed[0] and sent[0] + len(data) >= self.cut_after:
                     cw.write(data[:max(0, self.cut_after - sent[0])])
+                    got.extend(data[:max(0, self.cut_after - sent[0])])
+                    self.delivered.append(bytes(got))
                     with contextlib.suppress(Exception):
                         await cw.drain()
                     self.cut += 1
@@ -296,6 +322,8 @@ class DropProxy:
                     sw.transport.abort()
                     return
                 sent[0] += len(data)
+                if armed[0]:
+                    got.extend(data)
                 cw.write(data)
                 await cw.drain()
             cw.close()

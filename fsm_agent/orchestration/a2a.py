@@ -50,15 +50,16 @@ import enum
 import logging
 import re
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
 import aiohttp
 import orjson
 from attrs import field, frozen
 
-from ..errors import ConfigurationError, RunError, ToolError
+from ..errors import ConfigurationError, RunError, SessionLinkError, StoreError, ToolError
 from ..providers.sse import SSEDecoder
+from ..store.base import LinkKind, Store
 from ..tools.registry import RUN_AGAIN, DEFAULT_TOOL_TIMEOUT, Tool, ToolContext, ToolEffect
 from ..types.messages import Usage
 
@@ -161,10 +162,11 @@ class AgentCardError(ConfigurationError):
 
 
 class RemoteTaskError(ToolError):
-    """The tool's error result for a remote task that did not complete (``kind`` = ``a2a_<state>``)."""
+    """The tool's error result for a remote task that did not complete (``kind`` = ``a2a_<state>``,
+    or ``a2a_timeout`` / ``a2a_no_task``)."""
 
-    def __init__(self, message: str, *, state: TaskState, task_id: str | None) -> None:
-        super().__init__(message, kind=f"a2a_{state.short.lower()}")
+    def __init__(self, message: str, *, state: TaskState, task_id: str | None, kind: str | None = None) -> None:
+        super().__init__(message, kind=kind or f"a2a_{state.short.lower()}")
         self.state = state
         """The remote task's state."""
         self.task_id = task_id
@@ -643,23 +645,28 @@ class _Call:
         self.lookup_supported = True
         self.progress = 0
         self.announced: str | None = None
+        self.on_task: Callable[[str], Awaitable[None]] | None = None
+        """Awaited once with the id of the task this call started (not of a task it continues)."""
+        self.continuing = False
 
-    def _announce(self) -> None:
+    async def _announce(self) -> None:
         tid = self.view.task_id
         if tid and self.announced != tid:
             self.announced = tid
             where = f" at {self.client._card.url}" if self.client._card is not None else ""
             self.ctx.report_progress(self.progress, None, f"remote task {tid}{where}")
+            if self.on_task is not None and not self.continuing:
+                await self.on_task(tid)
 
-    def _apply(self, ev: StreamEvent) -> None:
-        before = self.view.state
+    async def _apply(self, ev: StreamEvent) -> None:
+        before = (self.view.state, self.view.message)
         self.view.apply(ev)
-        self._announce()
-        if ev.kind == "status_update" and self.view.state is TaskState.WORKING and self.view.message:
+        await self._announce()
+        v = self.view
+        changed = ev.kind == "status_update" or (ev.kind == "task" and (v.state, v.message) != before)
+        if changed and v.state is TaskState.WORKING and v.message:
             self.progress += 1
-            self.ctx.report_progress(self.progress, None, self.view.message)
-        elif ev.kind == "status_update" and before is not self.view.state:
-            self.progress += 1
+            self.ctx.report_progress(self.progress, None, v.message)
 
     async def find(self, task_id: str | None) -> RemoteTask | None:
         """The task an earlier attempt of this call made (or continued), or ``None``."""
@@ -677,11 +684,15 @@ class _Call:
                 return None
             raise
 
-    async def run(self, text: str, task_id: str | None) -> RemoteTask | dict[str, Any]:
+    async def run(self, text: str, task_id: str | None, data: Any = None) -> RemoteTask | dict[str, Any]:
+        self.continuing = task_id is not None
         existing = await self.find(task_id)
         if existing is not None:
             return await self.follow(existing)
-        message: dict[str, Any] = {"messageId": self.message_id, "role": "ROLE_USER", "parts": [{"text": text}]}
+        parts: list[dict[str, Any]] = [{"text": text}] if text else []
+        if data is not None:
+            parts.append({"data": data})
+        message: dict[str, Any] = {"messageId": self.message_id, "role": "ROLE_USER", "parts": parts}
         if task_id is not None:
             message["taskId"] = task_id
         else:
@@ -690,7 +701,7 @@ class _Call:
         if card.streaming and self.streaming is not False:
             try:
                 async for ev in self.client.stream_message(message):
-                    self._apply(ev)
+                    await self._apply(ev)
                     if self.view.done:
                         break
             except (A2AConnectionError, A2AProtocolError) as e:
@@ -706,7 +717,7 @@ class _Call:
         result = await self.client.send_message(message)
         if isinstance(result, dict):
             return result
-        return await self.follow(result)
+        return await self.follow(result)  # announces the task
 
     async def follow(self, task: RemoteTask | None) -> RemoteTask:
         """Follow the task to a final or interrupted state (reconnecting with Last-Event-ID), then
@@ -715,7 +726,7 @@ class _Call:
         if task is not None:
             v.apply(StreamEvent("task", task.raw or {"id": task.id, "contextId": task.context_id,
                                                      "status": {"state": task.state.value}}))
-            self._announce()
+            await self._announce()
         if v.task_id is None:
             raise A2AProtocolError("the remote's stream ended before it named a task")
         card = await self.client.card()
@@ -725,7 +736,7 @@ class _Call:
             try:
                 if card.streaming and self.streaming is not False:
                     async for ev in self.client.subscribe(v.task_id, last_event_id=v.last_id):
-                        self._apply(ev)
+                        await self._apply(ev)
                         if v.done:
                             break
                     if not v.done:
@@ -733,7 +744,7 @@ class _Call:
                 else:
                     await asyncio.sleep(self.poll_interval)
                     got = await self.client.get_task(v.task_id)
-                    v.apply(StreamEvent("task", got.raw))
+                    await self._apply(StreamEvent("task", got.raw))
             except A2ARemoteError as e:
                 if e.code != UNSUPPORTED_OPERATION:  # -32004: it ended between two looks
                     raise
@@ -793,79 +804,99 @@ def remote_agent_tool(agent: str | AgentCard | Mapping[str, Any], *, name: str |
                       description: str | None = None, token: str | None = None,
                       headers: Mapping[str, str] | None = None, timeout: float | None = DEFAULT_TOOL_TIMEOUT,
                       streaming: bool | None = None, poll_interval: float = 1.0, max_reconnects: int = 5,
-                      cancel_timeout: float = 5.0, request_timeout: float = 30.0) -> Tool:
+                      cancel_timeout: float = 5.0, request_timeout: float = 30.0, store: Store | None = None) -> Tool:
     """A tool that sends the model's ``message`` to a remote A2A agent and returns its answer.
 
     Args:
-        agent: the remote's base URL, its card's URL, or its card (:class:`AgentCard`, or the card
-            dict from :func:`fetch_agent_card`'s ``raw``). With a URL the card is fetched on the
-            first call: give ``name`` and ``description`` for the model, or pass a fetched card.
+        agent: the remote's base URL, its card's URL, or its card (:class:`AgentCard`, or a card
+            dict such as :attr:`AgentCard.raw`). With a URL the card is fetched on the first call:
+            give ``name`` and ``description`` for the model, or pass a fetched card.
         name: the tool's name (default: the card's name, made a valid tool name; ``remote_agent``
             with a URL).
         description: what the model reads (default: the card's description and skills).
         token: a bearer token for the remote.
         headers: more HTTP headers for every request.
-        timeout: seconds one call may take in all (the tool's timeout; ``None``: no limit).
+        timeout: seconds one call may take in all (``None``: no limit). When it runs out the remote
+            task is canceled and the call is an error result (``a2a_timeout``).
         streaming: ``False`` to poll with ``GetTask`` even when the card offers streaming.
         poll_interval: seconds between ``GetTask`` polls (non-streaming remotes).
         max_reconnects: dropped streams tolerated per call before the call fails.
-        cancel_timeout: seconds the ``CancelTask`` sent on cancellation may take.
+        cancel_timeout: seconds a ``CancelTask`` may take.
         request_timeout: seconds each non-streaming request may take.
+        store: the parent agent's store: each remote task the tool starts is linked there to the
+            parent's call (:func:`~fsm_agent.orchestration.links.link_child`, kind ``remote``, the
+            remote task's id as the child id, the agent's URL in the metadata). ``None``: no link
+            (the task id is in the parent's log as a ``tool_progress`` event either way).
 
-    The tool's parameters: ``message`` (str) and ``task_id`` (optional: continue a remote task
-    that asked for input). Results and guarantees: see the module docstring.
+    The tool's parameters: ``message`` (str), ``task_id`` (optional: continue a remote task that
+    asked for input) and ``data`` (optional object, sent as a data part: what a remote asked for in
+    structured form, such as fsm_agent's ``{"decisions": ...}``). It is ``side_effect`` and ``resumable``: an Interrupt of the parent
+    leaves the remote task running and the resume reattaches to it; a Cancel of the parent cancels
+    it (``on_compensate``; a remote task that had already finished cannot be undone, and the parent
+    then asks to confirm the cancel). Results and guarantees: see the module docstring.
 
     Raises:
         AgentCardError: ``agent`` is a card that cannot be used.
         ConfigurationError: a bad option.
     """
     card = agent if isinstance(agent, AgentCard) else None if isinstance(agent, str) else AgentCard.parse(dict(agent))
-    if poll_interval <= 0 or max_reconnects < 0 or cancel_timeout <= 0 or request_timeout <= 0:
-        raise ConfigurationError("remote_agent_tool: poll_interval, cancel_timeout and request_timeout must be "
-                                 "positive and max_reconnects >= 0")
+    if poll_interval <= 0 or max_reconnects < 0 or cancel_timeout <= 0 or request_timeout <= 0 or (
+            timeout is not None and timeout <= 0):
+        raise ConfigurationError("remote_agent_tool: timeout, poll_interval, cancel_timeout and request_timeout must "
+                                 "be positive and max_reconnects >= 0")
     tool_name = name or (_tool_name(card.name) if card else "remote_agent")
     if description is None:
         if card is not None:
             skills = f" Skills: {', '.join(s for s in card.skills if s)}." if any(card.skills) else ""
-            description = f"Ask the remote agent {card.name}: {card.description}.{skills}".replace("..", ".")
+            description = f"Ask the remote agent {card.name}: {card.description.rstrip('.')}.{skills}"
         else:
             description = f"Ask the remote agent at {agent} (A2A)."
-    description += (" If it needs more input, the result says so: call again with its task_id and your answer.")
+    description += " If it needs more input, the result says so: call again with its task_id and your answer."
     state: dict[str, AgentCard] = {}
     target: str | AgentCard = card if card is not None else str(agent)
+    options = {"streaming": streaming, "poll_interval": poll_interval, "max_reconnects": max_reconnects}
 
     def client() -> A2AClient:
-        c = A2AClient(state.get("card", target), token=token, headers=headers, timeout=request_timeout)
-        return c
+        return A2AClient(state.get("card", target), token=token, headers=headers, timeout=request_timeout)
 
-    async def remember(c: A2AClient) -> None:
+    async def start(c: A2AClient, ctx: ToolContext) -> _Call:
         state.setdefault("card", await c.card())
+        run = _Call(c, ctx, **options)  # type: ignore[arg-type]
+        if store is not None:
+            run.on_task = lambda tid: _link(store, ctx, tid, state["card"])
+        return run
 
-    async def call(message: str, ctx: ToolContext, task_id: str | None = None) -> str:
+    async def call(message: str, ctx: ToolContext, task_id: str | None = None, data: Any = None) -> str:
         async with client() as c:
-            await remember(c)
-            run = _Call(c, ctx, streaming=streaming, poll_interval=poll_interval, max_reconnects=max_reconnects)
+            run = await start(c, ctx)
+            agent_name = state["card"].name
             try:
-                task = await run.run(message, task_id)
-            except asyncio.CancelledError:
-                await asyncio.shield(run.cancel(cancel_timeout))
-                raise
+                async with asyncio.timeout(timeout):
+                    task = await run.run(message, task_id, data)
+            except TimeoutError:
+                await run.cancel(cancel_timeout)
+                raise RemoteTaskError(f"remote agent {agent_name}: task {run.view.task_id} did not finish within "
+                                      f"{timeout:g} s; it was canceled", state=run.view.state,
+                                      task_id=run.view.task_id, kind="a2a_timeout") from None
             except A2ARemoteError as e:
                 if e.code == TASK_NOT_FOUND and task_id is not None:
-                    raise RemoteTaskError(f"remote agent {state['card'].name}: there is no task {task_id!r} (give the "
-                                          "task_id of an earlier result that asked for input, or none to start a "
-                                          "new task)", state=TaskState.UNSPECIFIED, task_id=None) from e
-                raise
+                    raise RemoteTaskError(f"remote agent {agent_name}: there is no task {task_id!r} (give the task_id "
+                                          "of an earlier result that asked for input, or none to start a new task)",
+                                          state=TaskState.UNSPECIFIED, task_id=None, kind="a2a_no_task") from e
+                raise RemoteTaskError(f"remote agent {agent_name} refused the message: {e}", state=run.view.state,
+                                      task_id=run.view.task_id or task_id, kind="a2a_error") from e
+            except A2AError as e:
+                raise RemoteTaskError(f"remote agent {agent_name}: {e}", state=run.view.state,
+                                      task_id=run.view.task_id or task_id, kind="a2a_unreachable") from e
             _roll_up(ctx, task)
-            return _outcome(task, state["card"].name, tool_name)
+            return _outcome(task, agent_name, tool_name)
 
     async def reconcile(arguments: dict[str, Any], ctx: ToolContext) -> Any:
         """After a crash mid-call: the task's result when the task exists, RUN_AGAIN when the
         remote says it does not, None (ask a person) when the remote cannot be asked."""
         try:
             async with client() as c:
-                await remember(c)
-                run = _Call(c, ctx, streaming=streaming, poll_interval=poll_interval, max_reconnects=max_reconnects)
+                run = await start(c, ctx)
                 found = await run.find(arguments.get("task_id"))
                 if found is None:
                     return RUN_AGAIN if run.lookup_supported else None
@@ -880,15 +911,49 @@ def remote_agent_tool(agent: str | AgentCard | Mapping[str, Any], *, name: str |
             log.warning("reconcile of %s (%s): %s; a person decides", tool_name, ctx.call_id, e)
             return None
 
+    async def compensate(arguments: dict[str, Any], result: Any, ctx: ToolContext) -> bool:
+        """The parent is cancelled: cancel the remote task this call made. ``True`` when it ends
+        (or was) CANCELED; ``False`` when it had finished otherwise or cannot be reached."""
+        try:
+            async with client() as c:
+                run = await start(c, ctx)
+                found = await run.find(arguments.get("task_id"))
+                if found is None:
+                    return run.lookup_supported  # nothing was started: nothing to undo
+                if found.state is TaskState.CANCELED:
+                    return True
+                if found.state.terminal:
+                    return False
+                async with asyncio.timeout(cancel_timeout):
+                    return (await c.cancel_task(found.id)).state is TaskState.CANCELED
+        except (A2AError, AgentCardError, TimeoutError) as e:
+            log.warning("could not cancel the remote task of %s (%s): %s", tool_name, ctx.call_id, e)
+            return False
+
     params = {"type": "object", "properties": {
         "message": {"type": "string", "description": "What to ask or tell the remote agent."},
         "task_id": {"type": "string", "description": "Only to answer a remote task that asked for more input: "
-                                                     "its task_id from the earlier result."}},
+                                                     "its task_id from the earlier result."},
+        "data": {"type": "object", "description": "Structured input the remote asked for, sent as a data part "
+                                                  "(e.g. {\"decisions\": ...} for an agent waiting for approvals)."}},
         "required": ["message"], "additionalProperties": False}
-    t = Tool(call, name=tool_name, description=description, parameters=params, timeout=timeout,
-             effect=ToolEffect.SIDE_EFFECT)
+    runtime_timeout = None if timeout is None else timeout + cancel_timeout + 5.0  # ours fires first
+    t = Tool(call, name=tool_name, description=description, parameters=params, timeout=runtime_timeout,
+             effect=ToolEffect.SIDE_EFFECT, resumable=True)
     t.on_reconcile(reconcile)
+    t.on_compensate(compensate)
     return t
+
+
+async def _link(store: Store, ctx: ToolContext, task_id: str, card: AgentCard) -> None:
+    from .links import link_child
+
+    try:
+        await link_child(store, ctx.session_id, task_id, LinkKind.REMOTE.value, call_id=ctx.call_id,
+                         metadata={"url": card.url, "agent": card.name})
+    except (SessionLinkError, KeyError, ValueError, StoreError) as e:
+        log.warning("remote task %s of call %s not linked to session %s: %s", task_id, ctx.call_id,
+                    ctx.session_id, e)
 
 
 def _roll_up(ctx: ToolContext, task: RemoteTask | dict[str, Any]) -> None:
