@@ -776,7 +776,7 @@ class _Call:
             log.warning("could not cancel remote task %s: %s", tid, e)
 
 
-def _outcome(task: RemoteTask | dict[str, Any], agent: str, tool: str) -> str:
+def _outcome(task: RemoteTask | dict[str, Any], agent: str, tool: str | None) -> str:
     """The tool's result for a final or interrupted task (raises RemoteTaskError unless COMPLETED)."""
     if isinstance(task, dict):  # a direct Message reply
         return _text(task.get("parts")) or "(the remote agent replied with an empty message)"
@@ -784,9 +784,10 @@ def _outcome(task: RemoteTask | dict[str, Any], agent: str, tool: str) -> str:
     if task.state is TaskState.COMPLETED:
         return task.text or task.message or "(the remote agent completed with no output)"
     if task.state is TaskState.INPUT_REQUIRED:
+        how = (f"To answer, call {tool} again with task_id={task.id!r} and the answer as message." if tool else
+               "This tool cannot answer it; the task is left waiting.")
         raise RemoteTaskError(f"{what} needs more input (INPUT_REQUIRED): {task.message or 'no question given'}. "
-                              f"To answer, call {tool} again with task_id={task.id!r} and the answer as message.",
-                              state=task.state, task_id=task.id)
+                              f"{how}", state=task.state, task_id=task.id)
     if task.state is TaskState.AUTH_REQUIRED:
         raise RemoteTaskError(f"{what} needs authentication this tool cannot give (AUTH_REQUIRED): "
                               f"{task.message or 'no detail'}; the task is left waiting.", state=task.state,
@@ -804,7 +805,8 @@ def remote_agent_tool(agent: str | AgentCard | Mapping[str, Any], *, name: str |
                       description: str | None = None, token: str | None = None,
                       headers: Mapping[str, str] | None = None, timeout: float | None = DEFAULT_TOOL_TIMEOUT,
                       streaming: bool | None = None, poll_interval: float = 1.0, max_reconnects: int = 5,
-                      cancel_timeout: float = 5.0, request_timeout: float = 30.0, store: Store | None = None) -> Tool:
+                      cancel_timeout: float = 5.0, request_timeout: float = 30.0, store: Store | None = None,
+                      continuation: bool = True) -> Tool:
     """A tool that sends the model's ``message`` to a remote A2A agent and returns its answer.
 
     Args:
@@ -827,6 +829,10 @@ def remote_agent_tool(agent: str | AgentCard | Mapping[str, Any], *, name: str |
             parent's call (:func:`~fsm_agent.orchestration.links.link_child`, kind ``remote``, the
             remote task's id as the child id, the agent's URL in the metadata). ``None``: no link
             (the task id is in the parent's log as a ``tool_progress`` event either way).
+        continuation: offer the ``task_id`` and ``data`` parameters, so that the model can answer a
+            remote task that asks for input. ``False``: ``message`` only (for a remote that never
+            asks, or a small model that should see one parameter); an INPUT_REQUIRED task is then
+            an error result saying the tool cannot answer it.
 
     The tool's parameters: ``message`` (str), ``task_id`` (optional: continue a remote task that
     asked for input) and ``data`` (optional object, sent as a data part: what a remote asked for in
@@ -851,7 +857,8 @@ def remote_agent_tool(agent: str | AgentCard | Mapping[str, Any], *, name: str |
             description = f"Ask the remote agent {card.name}: {card.description.rstrip('.')}.{skills}"
         else:
             description = f"Ask the remote agent at {agent} (A2A)."
-    description += " If it needs more input, the result says so: call again with its task_id and your answer."
+    if continuation:
+        description += " If it needs more input, the result says so: call again with its task_id and your answer."
     state: dict[str, AgentCard] = {}
     target: str | AgentCard = card if card is not None else str(agent)
     options = {"streaming": streaming, "poll_interval": poll_interval, "max_reconnects": max_reconnects}
@@ -889,7 +896,7 @@ def remote_agent_tool(agent: str | AgentCard | Mapping[str, Any], *, name: str |
                 raise RemoteTaskError(f"remote agent {agent_name}: {e}", state=run.view.state,
                                       task_id=run.view.task_id or task_id, kind="a2a_unreachable") from e
             _roll_up(ctx, task)
-            return _outcome(task, agent_name, tool_name)
+            return _outcome(task, agent_name, tool_name if continuation else None)
 
     async def reconcile(arguments: dict[str, Any], ctx: ToolContext) -> Any:
         """After a crash mid-call: the task's result when the task exists, RUN_AGAIN when the
@@ -904,7 +911,7 @@ def remote_agent_tool(agent: str | AgentCard | Mapping[str, Any], *, name: str |
                     task = await run.follow(found)
                 _roll_up(ctx, task)
                 try:
-                    return _outcome(task, state["card"].name, tool_name)
+                    return _outcome(task, state["card"].name, tool_name if continuation else None)
                 except RemoteTaskError as e:
                     return str(e)
         except (A2AError, AgentCardError, TimeoutError) as e:
@@ -930,13 +937,15 @@ def remote_agent_tool(agent: str | AgentCard | Mapping[str, Any], *, name: str |
             log.warning("could not cancel the remote task of %s (%s): %s", tool_name, ctx.call_id, e)
             return False
 
-    params = {"type": "object", "properties": {
+    params: dict[str, Any] = {"type": "object", "properties": {
         "message": {"type": "string", "description": "What to ask or tell the remote agent."},
         "task_id": {"type": "string", "description": "Only to answer a remote task that asked for more input: "
                                                      "its task_id from the earlier result."},
         "data": {"type": "object", "description": "Structured input the remote asked for, sent as a data part "
                                                   "(e.g. {\"decisions\": ...} for an agent waiting for approvals)."}},
         "required": ["message"], "additionalProperties": False}
+    if not continuation:
+        params["properties"] = {"message": params["properties"]["message"]}
     runtime_timeout = None if timeout is None else timeout + cancel_timeout + 5.0  # ours fires first
     t = Tool(call, name=tool_name, description=description, parameters=params, timeout=runtime_timeout,
              effect=ToolEffect.SIDE_EFFECT, resumable=True)
