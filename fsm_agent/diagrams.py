@@ -145,16 +145,18 @@ _PLAN_STYLES = {
 
 
 def _label(text: str, limit: int = 60) -> str:
-    """Text safe inside a quoted Mermaid label: one line, cut to ``limit``, entity-escaped."""
+    """Text safe inside a quoted Mermaid label: one line, cut to ``limit``, entity-escaped (``%``
+    too: Mermaid reads a ``%%{...}%%`` directive anywhere in the source, labels included)."""
     text = " ".join(text.split())
     if len(text) > limit:
         text = text[:limit - 1] + "…"
-    return text.replace("#", "#35;").replace('"', "#quot;").replace("<", "#lt;").replace(">", "#gt;")
+    return (text.replace("#", "#35;").replace('"', "#quot;").replace("<", "#lt;").replace(">", "#gt;")
+            .replace("%", "#37;"))
 
 
 def _comment(text: str) -> str:
     """Text safe in a ``%%`` comment: one line, no braces (``%%{`` opens a Mermaid directive)."""
-    return " ".join(text.split())[:200].replace("{", "(").replace("}", ")")
+    return " ".join(text.split())[:200].replace("{", "(").replace("}", ")").replace("%", " percent")
 
 
 def render_plan(plan: Plan) -> str:

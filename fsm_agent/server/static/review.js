@@ -20,7 +20,7 @@
     'session_started', 'message', 'transition', 'model_call', 'model_call_interrupted', 'model_retry',
     'tool_call', 'control', 'control_dropped', 'resume', 'recovered', 'turn', 'run_stopped', 'warning',
     'budget_warning', 'cost_update', 'goal_changed', 'output_invalid', 'compensated', 'approval_requested',
-    'tool_started', 'tool_finished', 'error', 'delta', 'state',
+    'tool_started', 'tool_finished', 'error', 'delta', 'state', 'plan_updated',
   ];
   const REDRAW_ON = new Set(['transition', 'run_stopped', 'recovered']);
   const MAX_EVENTS = 5000;
@@ -38,6 +38,8 @@
   let diagramTimer = null;
   let renderGen = 0;
   let mermaidReady = false;
+  let planTimer = null;
+  let planGen = 0;
   let signedOut = false;
   const usage = { input: 0, output: 0, cost: 0, priced: 0, unpriced: 0 };
   const pending = new Map();  // call id -> the box element
@@ -216,6 +218,7 @@
       case 'session_started': return 'goal: ' + clip(p.goal === undefined ? '' : p.goal, 400);
       case 'message': return clip(messageText(p.message), 4000);
       case 'transition': return p.from + ' —' + p.trigger + '→ ' + p.to + (p.reason ? '  (' + p.reason + ')' : '');
+      case 'plan_updated': return 'plan v' + ((p.plan || {}).version || '?') + ': ' + clip(p.reason || '', 400);
       case 'model_call': {
         const u = p.usage || {};
         const cost = typeof p.cost_usd === 'number' ? ', $' + p.cost_usd.toFixed(6) : '';
@@ -532,6 +535,51 @@
     }
   }
 
+  // ---- the plan (PlanAct) -----------------------------------------------------------------------
+  // Shown only when the session has one: the server's flowchart (plan_mermaid), or its source when
+  // Mermaid cannot render it.
+  function schedulePlan(delay) {
+    clearTimeout(planTimer);
+    planTimer = setTimeout(drawPlan, delay === undefined ? 200 : delay);
+  }
+
+  async function drawPlan() {
+    const gen = ++planGen;
+    let doc;
+    try {
+      doc = await getJSON(api + '/diagram?format=json');
+    } catch (e) {
+      return;  // the machine diagram reports the error
+    }
+    if (gen !== planGen) return;
+    const src = doc && doc.plan_mermaid;
+    if (!src) { $('plan-area').hidden = true; return; }
+    $('plan-area').hidden = false;
+    $('plan-source').textContent = src;
+    const plan = doc.plan || {};
+    const nodes = plan.nodes || [];
+    const passed = nodes.filter((n) => n.status === 'passed').length;
+    $('plan-title').textContent = 'Plan v' + plan.version + ' (' + passed + ' of ' +
+      nodes.filter((n) => n.status !== 'skipped').length + ' nodes passed)';
+    if (!mermaidReady) { $('plan-source').hidden = false; return; }
+    try {
+      const { svg } = await window.mermaid.render('fsmplan' + gen, src);
+      if (gen !== planGen) return;
+      const node = new DOMParser().parseFromString(svg, 'text/html').querySelector('svg');
+      if (!node) throw new Error('no SVG in the renderer output');
+      $('plan-diagram').replaceChildren(document.importNode(node, true));
+      $('plan-source').hidden = true;
+      const current = nodes.find((n) => n.status === 'running');
+      $('plan-diagram').setAttribute('aria-label', 'Plan diagram; current node: ' + (current ? current.id : 'none'));
+    } catch (e) {
+      if (gen !== planGen) return;
+      $('plan-diagram').replaceChildren();
+      $('plan-source').hidden = false;
+      const scratch = document.getElementById('dfsmplan' + gen);
+      if (scratch) scratch.remove();
+    }
+  }
+
   // ---- applying one log event ------------------------------------------------------------------
   function apply(ev) {
     if (typeof ev.seq === 'number') {
@@ -583,6 +631,7 @@
         break;
     }
     if (REDRAW_ON.has(ev.type)) scheduleDiagram();
+    if (ev.type === 'plan_updated') schedulePlan();
   }
 
   // ---- the event stream ------------------------------------------------------------------------
@@ -731,6 +780,7 @@
       if (e instanceof HttpError && e.status === 404) { setConn('no such session'); return; }
     }
     scheduleDiagram(0);
+    schedulePlan(0);
     openStream();
   }
 
