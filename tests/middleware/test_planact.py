@@ -24,6 +24,7 @@ from fsm_agent import (
     Agent,
     ConfigurationError,
     Decision,
+    Interrupt,
     InvalidPlanError,
     MemoryStore,
     NodeStatus,
@@ -356,6 +357,36 @@ async def test_a_new_agent_on_the_same_sqlite_file_resumes_at_the_right_node(tmp
         assert [n.status for n in final.nodes] == [NodeStatus.PASSED] * 3 and final.version == 1
     finally:
         await store.close()
+
+
+async def test_an_interrupt_mid_node_resumes_in_the_same_node() -> None:
+    """Interrupted while node b's answer streams: the resumed run asks the model for b again (the
+    cut answer is never checked), with no planner call."""
+    import asyncio
+
+    started = asyncio.Event()
+
+    def act(request: MessageRequest, step: str | None) -> Any:
+        if step == "b" and not started.is_set():
+            started.set()
+            return "word " * 300
+        return f"result of {step}"
+
+    world = World(plans=[PLAN], act=act)
+    store = MemoryStore()
+    agent = Agent(ScriptedProvider([world], repeat_last=True, stream_delay=0.01, chunk_chars=5), store=store,
+                  middleware=[PlanAct()], control_poll=0.05)
+    run = asyncio.ensure_future(agent.run("Add two numbers", session_id="i"))
+    await asyncio.wait_for(started.wait(), 10)
+    await asyncio.sleep(0.2)
+    await agent.control("i", Interrupt("stop"))
+    stopped = await run
+    assert stopped.stop.reason is StopReason.INTERRUPTED and world.steps == ["a", "b"]
+    at_stop = (await plan_events(store, "i"))[-1][1]
+    assert at_stop.current is not None and at_stop.current.id == "b" and at_stop.node("b").attempts == 0
+    result = await agent.resume("i")
+    assert result.stop.reason is StopReason.COMPLETED, result.stop.detail
+    assert world.steps == ["a", "b", "b", "c"] and world.calls["planner"] == 1 and world.calls["grader"] == 3
 
 
 @tool
