@@ -77,7 +77,7 @@ from .runs import SERVER_STOPPING, RunRequest, Runner, decision_key, decision_ro
 from .sse import ClientGone, SSEWriter, encode_frame
 
 __all__ = ["A2A_VERSION", "AGENT_CARD_PATH", "REFUSAL_KINDS", "A2AConfig", "A2ASkill", "RpcError",
-           "add_a2a_routes", "stop_task_state", "task_state"]
+           "add_a2a_routes", "event_result", "stop_task_state", "task_state"]
 
 log = logging.getLogger("fsm_agent.server.a2a")
 
@@ -873,21 +873,17 @@ class _A2A:
             except ResumeError as e:
                 raise RpcError(TASK_NOT_CANCELABLE, f"task {sid} cannot be canceled: {e}") from e
             deadline = time.monotonic() + self.config.cancel_wait
-            submitted = False
+            submitted = 0
             while True:
                 rec = await self.store.get_session(sid) or rec
-                busy = await self.runner.busy(sid)
-                stopped = rec.state in {r.value for r in StopReason}
-                if stopped and not busy:
-                    if rec.state == StopReason.CANCELLED.value or time.monotonic() >= deadline:
+                if rec.state in _STOPS and not await self.runner.busy(sid):
+                    if rec.state == StopReason.CANCELLED.value or not StopReason(rec.state).resumable or submitted >= 2:
                         break
-                    if not StopReason(rec.state).resumable or submitted and not await self.store.peek_controls(
-                            sid, [ControlKind.CANCEL]) and (rec.stop or {}).get("required_decision") != "confirm_cancel":
-                        break
-                    # stopped and waiting: resume it to apply the cancel (a CancelTask confirms a cancel
-                    # that waits on side effects without compensation: they stay as they are)
+                    # stopped (waiting for input, paused, or asking to confirm the cancel): resume it to
+                    # apply the cancel; a CancelTask confirms a cancel that waits on side effects without
+                    # compensation (they stay as they are)
                     await self.runner.submit(RunRequest(sid, "resume", confirm_cancel=True))
-                    submitted = True
+                    submitted += 1
                     continue
                 left = deadline - time.monotonic()
                 if left <= 0:

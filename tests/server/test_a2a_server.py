@@ -197,8 +197,15 @@ async def test_interrupted_and_cancelled_map_to_input_required_and_canceled() ->
         stopped = await wait_state(cs, live.rpc_url, task["id"], {INPUT_REQUIRED})
         assert "interrupted" in stopped["status"]["message"]["parts"][0]["text"]
         assert (await live.app[STORE_KEY].get_session(task["id"])).state == "INTERRUPTED"
+        # a message continues it: its text goes in as a steer and the session resumes (the model
+        # calls the tool again, which now lets go)
+        GATE["release"].set()
+        resumed = (await rpc(cs, live.rpc_url, "SendMessage", {"message": user_message(
+            "go on", "m-int2", taskId=task["id"])}))["result"]["task"]
+        assert resumed["status"]["state"] == COMPLETED and resumed["artifacts"][0]["parts"][0]["text"] == "after the wait"
+        assert any("New direction from the user: go on" in h["parts"][0]["text"] for h in resumed["history"])
 
-        GATE.update(started=asyncio.Event())
+        GATE.update(started=asyncio.Event(), release=asyncio.Event())
         task2 = await send(cs, live.rpc_url, "wait", "m-cancel", immediately=True)
         await asyncio.wait_for(GATE["started"].wait(), 10)
         cancelled = (await rpc(cs, live.rpc_url, "CancelTask", {"id": task2["id"]}))["result"]
@@ -207,6 +214,15 @@ async def test_interrupted_and_cancelled_map_to_input_required_and_canceled() ->
         assert GATE["cancelled"] == 2  # both tool calls were cut in flight
         again = await rpc(cs, live.rpc_url, "CancelTask", {"id": task2["id"]})
         assert again["error"]["code"] == -32002 and "CANCELED" in again["error"]["message"]
+
+
+async def test_cancel_task_ends_a_task_that_waits_for_input() -> None:
+    async with serve(approval_agent(MemoryStore())) as live, aiohttp.ClientSession() as cs:
+        tid = (await send(cs, live.rpc_url, "mail a0", "m-cw"))["id"]
+        out = (await rpc(cs, live.rpc_url, "CancelTask", {"id": tid}))["result"]
+        assert out["status"]["state"] == CANCELED, out["status"]
+        assert RAN == []  # the pending call never ran
+        assert (await live.app[STORE_KEY].get_session(tid)).state == "CANCELLED"
 
 
 def test_the_mapping_covers_every_stop_reason() -> None:
