@@ -699,9 +699,12 @@ async def _sessions(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             return 0
         rec = loaded.record
         plan = latest_plan(events)
+        parent, children = await store.parent(rec.session_id), await store.children(rec.session_id)
         doc = {"session": unstructure(rec), "checkpoint": unstructure(loaded.checkpoint),
                "ledger": {k: unstructure(v) for k, v in loaded.ledger.items()}, "events": len(events),
-               "messages": len(loaded.transcript), "plan": unstructure(plan) if plan is not None else None}
+               "messages": len(loaded.transcript), "plan": unstructure(plan) if plan is not None else None,
+               "parent": unstructure(parent) if parent is not None else None,
+               "children": [unstructure(c) for c in children]}
         if args.json:
             out.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode() + "\n")
             return 0
@@ -717,6 +720,10 @@ async def _sessions(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             out.write(f"tool call {entry.call_id} {entry.tool}: {entry.status.value} ({entry.effect})\n")
         if plan is not None:
             out.write("\n".join(plan.describe()) + "\n")
+        if parent is not None or children:  # linked sessions (fsm_agent.orchestration): parent, then the tree below
+            from .orchestration.links import link_lines
+
+            out.write("\n".join(await link_lines(store, rec.session_id)) + "\n")
         return 0
     finally:
         await store.close()

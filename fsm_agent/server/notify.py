@@ -19,7 +19,17 @@ from typing import Any
 
 import orjson
 
-from ..store.base import Checkpoint, ControlKind, ControlRecord, EventRecord, LedgerEntry, SessionRecord, Store, WriteBatch
+from ..store.base import (
+    Checkpoint,
+    ControlKind,
+    ControlRecord,
+    EventRecord,
+    LedgerEntry,
+    SessionLink,
+    SessionRecord,
+    Store,
+    WriteBatch,
+)
 from ..types.events import ModelStreamEvent, TransitionEvent
 from ..types.stream import RefusalDelta, TextDelta, ThinkingDelta, ToolCallArgumentsDelta
 from .sse import encode_frame
@@ -180,6 +190,15 @@ class NotifyingStore(Store):
 
     async def idempotency_records(self, session_id: str, prefix: str = "") -> dict[str, dict[str, Any]]:
         return await self.inner.idempotency_records(session_id, prefix)
+
+    async def link_session(self, link: SessionLink) -> tuple[SessionLink, bool]:
+        return await self.inner.link_session(link)
+
+    async def parent(self, session_id: str) -> SessionLink | None:
+        return await self.inner.parent(session_id)
+
+    async def children(self, session_id: str) -> list[SessionLink]:
+        return await self.inner.children(session_id)
 
     async def close(self) -> None:
         await self.inner.close()

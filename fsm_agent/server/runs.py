@@ -157,6 +157,13 @@ async def execute(agent: Agent, request: RunRequest) -> RunResult | None:
         limits, confirm = {}, False
 
 
+async def _has_parent(store: Store, sid: str) -> bool:
+    try:
+        return await store.parent(sid) is not None
+    except NotImplementedError:  # a store that keeps no links
+        return False
+
+
 async def _has_controls(store: Store, sid: str) -> bool:
     from ..store.base import ControlKind
 
@@ -217,16 +224,24 @@ class LocalRunner(Runner):
         """Pick up what a previous server process left: sessions still ``QUEUED``, sessions left
         in a phase (that process died mid-run: each is recovered once its lease expires), sessions
         it interrupted when it stopped, and WAITING_HUMAN sessions whose stored decisions were
-        never applied."""
-        for rec in await self.agent.store.list_sessions(100_000):
+        never applied. A child session (an agent called as a tool, a handoff's successor, a
+        leader's worker: it has a parent link) is left to its parent, which resumes it when the
+        parent's call runs again (this server's agent may not be the child's agent)."""
+        store = self.agent.store
+        for rec in await store.list_sessions(100_000):
+            kind: Literal["start", "resume", "recover"]
             if rec.state == QUEUED:
-                await self.submit(RunRequest(rec.session_id, "start"))
+                kind = "start"
             elif rec.state not in _STOPS:
-                await self.submit(RunRequest(rec.session_id, "recover"))
-            elif await stored_decisions(self.agent.store, rec) or (
+                kind = "recover"
+            elif await stored_decisions(store, rec) or (
                     rec.state == StopReason.INTERRUPTED.value
                     and str((rec.stop or {}).get("detail", "")).startswith(SERVER_STOPPING)):
-                await self.submit(RunRequest(rec.session_id, "resume"))
+                kind = "resume"
+            else:
+                continue
+            if not await _has_parent(store, rec.session_id):
+                await self.submit(RunRequest(rec.session_id, kind))
 
     async def submit(self, request: RunRequest) -> None:
         sid = request.session_id
