@@ -180,6 +180,7 @@ def main(argv: List[str]) -> int:
     os.dup2(null, 0)
     os.close(null)
     sys.argv = ["<code>"]
+    sys.dont_write_bytecode = True  # no __pycache__ among the files the run changed
     sys.path.insert(0, os.getcwd())  # -I leaves the work dir off the path; the code's own modules live there
     _install_watches()
 
