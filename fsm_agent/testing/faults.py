@@ -58,6 +58,7 @@ from ..store.base import (
     EventRecord,
     LedgerEntry,
     LedgerStatus,
+    SessionLink,
     SessionRecord,
     Store,
     WriteBatch,
@@ -68,7 +69,8 @@ __all__ = ["OPERATIONS", "Fault", "FaultyStore", "carries_ledger"]
 OPERATIONS = frozenset({
     "create_session", "get_session", "list_sessions", "update_metadata", "write", "read_events",
     "latest_checkpoint", "get_checkpoint", "ledger", "acquire_lease", "release_lease", "push_control",
-    "take_controls", "peek_controls", "close",
+    "take_controls", "peek_controls", "close", "claim_idempotency_key", "idempotency_records", "link_session",
+    "parent", "children",
 })
 """The :class:`~fsm_agent.store.Store` methods a fault can name."""
 
@@ -249,6 +251,15 @@ class FaultyStore(Store):
 
     async def idempotency_records(self, session_id: str, prefix: str = "") -> dict[str, dict[str, Any]]:
         return await self._call("idempotency_records", session_id, prefix)  # type: ignore[no-any-return]
+
+    async def link_session(self, link: SessionLink) -> tuple[SessionLink, bool]:
+        return await self._call("link_session", link)  # type: ignore[no-any-return]
+
+    async def parent(self, session_id: str) -> SessionLink | None:
+        return await self._call("parent", session_id)  # type: ignore[no-any-return]
+
+    async def children(self, session_id: str) -> list[SessionLink]:
+        return await self._call("children", session_id)  # type: ignore[no-any-return]
 
     async def close(self) -> None:
         await self._call("close")

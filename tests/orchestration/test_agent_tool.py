@@ -368,3 +368,22 @@ async def test_a_child_id_taken_by_another_parent_is_a_typed_error() -> None:
         await link_child(store, "b", "kid", "agent_tool", call_id="c1")
     with pytest.raises(SessionLinkError):
         await link_child(store, "a", "kid", "agent_tool", call_id="c2")
+
+
+async def test_a_link_that_cannot_be_written_starts_no_child() -> None:
+    from fsm_agent.testing import FaultyStore
+
+    store = FaultyStore(MemoryStore())
+    store.fail("link_session", transient=True)
+    child_provider = ScriptedProvider([c_text("never")])
+    child = Agent(child_provider, store=store)
+    parent = Agent(ScriptedProvider([p_call(("helper", {"task": "t"})), p_call(("helper", {"task": "t"})),
+                                     p_text("done")]),
+                   tools=[agent_tool(child, name="helper", description="Help.")], store=store)
+    result = await parent.run("go", session_id="p")
+    assert result.stop.reason is StopReason.COMPLETED
+    first, second = [m for m in result.messages if m.role == "tool"]
+    assert first.is_error and "StoreError" in first.text and "link_session failed" in first.text
+    assert second.text == "never"  # the next call links and runs its child
+    assert len(child_provider.requests) == 1 and len(await store.children("p")) == 1
+    assert store.calls["link_session"] == 2
