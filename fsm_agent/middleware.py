@@ -28,8 +28,10 @@ Rules shared by every hook:
   having passed through. A :class:`~fsm_agent.errors.ProviderError` is not a middleware failure:
   see each hook for what it does.
 * **What a plugin writes.** ``ctx.messages`` and ``ctx.settings`` (in ``pre_turn``), its own
-  ``ctx.state(self)``, and observer events through ``ctx.emit``. Everything else on ``ctx`` is
-  read-only; the transcript is the driver's.
+  ``ctx.state(self)``, observer events through ``ctx.emit``, and the run's plan through
+  ``ctx.update_plan(plan, reason)`` (validated, logged as ``plan_updated``, checkpointed; the
+  PlanAct plugin's, in ``pre_turn`` and ``post_turn``). Everything else on ``ctx`` is read-only;
+  the transcript is the driver's.
 * Hooks may be ``def`` or ``async def``, except ``wrap_*`` (always ``async def``) and
   ``on_model_event`` (always ``def``): checked when the chain is built.
 """
@@ -232,7 +234,7 @@ class Middleware:
             Write ``ctx.messages`` (the context of this call: trim, repair, redact, summarize;
             the transcript itself stays as it is) and ``ctx.settings`` (``active_tools``,
             ``tools_enabled``, ``max_output_tokens``); later middleware see what earlier ones
-            wrote. Everything else is read-only.
+            wrote. Replace the plan with ``ctx.update_plan``. Everything else is read-only.
 
         Not called:
             when a control event or an exhausted budget stops the run first; on a resume that
@@ -414,8 +416,9 @@ class Middleware:
                 failure policy: the run ends FAILED_TERMINAL.
 
         Reads and writes:
-            Read ``ctx`` (``ctx.last_response``, ``ctx.transcript``); make model calls with
-            ``ctx.call_provider(..., account=True)``; write only ``ctx.state(self)``.
+            Read ``ctx`` (``ctx.last_response``, ``ctx.transcript``, ``ctx.plan``); make model calls
+            with ``ctx.call_provider(..., account=True)``; write only ``ctx.state(self)`` and the
+            plan (``ctx.update_plan``).
 
         Not called:
             when the run stopped earlier in the turn (in Model or MidTurn, or waiting for a
