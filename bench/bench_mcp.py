@@ -9,8 +9,7 @@ measures, in alternating rounds:
   ToolContext, the content mapping, the error path) against the same call made with
   ``client.call_tool`` on the same session: the difference is the adapter's overhead per call.
 
-The server is the tests' ``MCPServer`` (tests/orchestration/mcp_server.py). No peers: the other
-runtimes' MCP adapters need ``mcp`` 1.x, which cannot share this venv with 2.x.
+The server is the tests' ``MCPServer`` (tests/orchestration/mcp_server.py).
 
     .venv/bin/python bench/bench_mcp.py            # 7 rounds × 200 calls, 5 connects per transport
     .venv/bin/python bench/bench_mcp.py --quick    # 3 rounds × 50 calls, 2 connects

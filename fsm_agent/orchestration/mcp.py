@@ -166,6 +166,17 @@ def _is_connection_failure(exc: BaseException) -> bool:
                              anyio.EndOfStream)) or type(leaf).__module__.startswith(("httpx", "httpcore"))
 
 
+def _known_closed(client: Client) -> bool:
+    """Whether the SDK already knows the connection is closed, so a request would fail before it is
+    written (an idle stdio server that died, an HTTP stream that ended). Reads the SDK dispatcher's
+    private ``_closed`` flag; ``False`` when it cannot tell (then a failed call counts as possibly sent)."""
+    try:
+        dispatcher = getattr(client.session, "_dispatcher", None)
+    except RuntimeError:
+        return True
+    return getattr(dispatcher, "_closed", False) is True
+
+
 class _Connection:
     """One live MCP session, owned by its own task (anyio scopes must be entered and exited in one task)."""
 
@@ -556,7 +567,7 @@ class MCPToolset:
     def connected(self) -> bool:
         """Whether a connection is open and not known to be lost."""
         c = self._conn
-        return c is not None and c.client is not None and c.lost is None
+        return c is not None and c.client is not None and c.lost is None and not _known_closed(c.client)
 
     @property
     def client(self) -> Client:
@@ -582,14 +593,17 @@ class MCPToolset:
                             f"{tool.name!r} cannot run. Continue without it.", kind="mcp_closed")
         conn = self._conn
         if conn is not None and conn is not lost and conn.lost is None and conn.client is not None:
-            return conn
+            if not _known_closed(conn.client):
+                return conn
+            conn.lost = "the connection was closed"  # seen before sending: nothing was sent
         if not self.reconnect:
             why = (conn.lost if conn is not None else None) or "it was lost"
             raise ToolError(f"The connection to MCP server {self.name!r} is lost ({why}) and reconnecting is off, "
                             f"so tool {tool.name!r} cannot run. Continue without it.", kind="mcp_unavailable")
         async with self._lock:
             conn = self._conn
-            if conn is not None and conn is not lost and conn.lost is None and conn.client is not None:
+            if (conn is not None and conn is not lost and conn.lost is None and conn.client is not None
+                    and not _known_closed(conn.client)):
                 return conn  # another call reconnected meanwhile
             if conn is not None:
                 self._conn = None
@@ -600,6 +614,11 @@ class MCPToolset:
                 raise ToolError(f"The connection to MCP server {self.name!r} was lost and reconnecting failed "
                                 f"({exc}); tool {tool.name!r} cannot run now. Continue without it, or try again "
                                 "later.", kind="mcp_unavailable") from exc
+            if self._closed:  # closed while this call reconnected
+                self._conn = None
+                await self._shut(conn)
+                raise ToolError(f"MCP server {self.name!r} is not connected (its toolset was closed), so tool "
+                                f"{tool.name!r} cannot run. Continue without it.", kind="mcp_closed")
             log.info("MCP server %r: reconnected (connection %d)", self.name, self.connections)
             return conn
 
@@ -608,8 +627,9 @@ class MCPToolset:
         while True:
             conn = await self._connection_for(tool, lost)
             if tool.remote_name not in conn.tools:
-                raise ToolError(f"MCP server {self.name!r} no longer offers tool {tool.remote_name!r} (after "
-                                "reconnecting). Continue without it.", kind="mcp_unknown_tool")
+                raise ToolError(f"MCP server {self.name!r} no longer offers tool {tool.name!r} (server name "
+                                f"{tool.remote_name!r}) after reconnecting. Continue without it.",
+                                kind="mcp_unknown_tool")
             try:
                 result = await self._send(conn, tool, arguments, ctx)
             except _Lost as exc:
@@ -656,9 +676,9 @@ class MCPToolset:
 
         cause = _leaf(exc)
         if isinstance(cause, MCPError):
-            return ToolError(f"MCP server {self.name!r} refused the call to {tool.remote_name!r}: {cause.message} "
+            return ToolError(f"MCP server {self.name!r} refused the call to tool {tool.name!r}: {cause.message} "
                              f"(JSON-RPC error {cause.code}).", kind="mcp_error")
-        return ToolError(f"The call to tool {tool.remote_name!r} of MCP server {self.name!r} failed: "
+        return ToolError(f"The call to tool {tool.name!r} (MCP server {self.name!r}) failed: "
                          f"{type(cause).__name__}: {cause}", kind="mcp_error")
 
     def _lost_error(self, tool: MCPTool, reason: str) -> ToolError:

@@ -100,27 +100,39 @@ async def test_a_pure_call_that_lost_its_server_is_sent_once_more_to_a_new_one()
         assert stats["pid"] != first_pid and stats["calls"] == {"count": 1} and ts.connections == 2
 
 
-async def test_calls_after_an_idle_crash_share_one_reconnection() -> None:
+async def test_calls_after_an_idle_crash_share_one_reconnection_and_nothing_sent_is_lost() -> None:
+    """The server died between calls: the SDK knows the connection is closed before anything is
+    written, so even a side-effect call is sent on the new connection (it never reached the old one)."""
     async with mcp_tools(STDIO) as ts:
         os.kill((await server_stats(ts))["pid"], signal.SIGKILL)
-        await asyncio.sleep(0.3)
+        await wait_for(lambda: _true(not ts.connected), "the SDK to see the closed connection")
         registry = ToolRegistry(ts)
-        answers = await asyncio.gather(*(execute_tool_call(ToolUseBlock(f"c{i}", "add", {"a": i, "b": 1}), registry)
-                                         for i in range(4)))
-        assert [a.text for a in answers] == ["1", "2", "3", "4"]
+        calls = [ToolUseBlock(f"c{i}", "add", {"a": i, "b": 1}) for i in range(3)]
+        calls.append(ToolUseBlock("c3", "delete_record", {"key": "k"}))
+        answers = await asyncio.gather(*(execute_tool_call(c, registry) for c in calls))
+        assert [a.text for a in answers] == ["1", "2", "3", "deleted k"]
         assert ts.connections == 2  # one reconnection for all four calls
-        assert (await server_stats(ts))["calls"] == {"add": 4}
+        assert (await server_stats(ts))["calls"] == {"add": 3, "delete_record": 1}
 
 
 async def test_without_reconnect_a_lost_server_stays_unavailable() -> None:
     async with mcp_tools(STDIO, reconnect=False) as ts:
-        os.kill((await server_stats(ts))["pid"], signal.SIGKILL)
+        pid = (await server_stats(ts))["pid"]
         registry = ToolRegistry(ts)
-        first = await execute_tool_call(ToolUseBlock("c1", "add", {"a": 1, "b": 1}), registry)
+        call = asyncio.ensure_future(execute_tool_call(ToolUseBlock("c1", "slow_write", {"n": 50, "delay": 0.1}),
+                                                       registry))
+        await wait_for(lambda: _started(ts, "slow_write"), "the server to start the call")
+        os.kill(pid, signal.SIGKILL)
+        first = await call
         assert first.is_error and first.metadata == {"error": "mcp_connection_lost"}
         assert "unavailable for the rest of the run" in first.text
         second = await execute_tool_call(ToolUseBlock("c2", "add", {"a": 1, "b": 1}), registry)
-        assert second.metadata == {"error": "mcp_unavailable"} and ts.connections == 1
+        assert second.metadata == {"error": "mcp_unavailable"} and "reconnecting is off" in second.text
+        assert ts.connections == 1
+
+
+async def _started(ts: MCPToolset, tool: str) -> bool:
+    return tool in (await server_stats(ts))["started"]
 
 
 # -- timeouts and cancellation --------------------------------------------------------------------
