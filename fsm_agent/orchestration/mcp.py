@@ -20,8 +20,10 @@ same way) sees the same tool names. :meth:`MCPToolset.close` ends the connection
 subprocess). The connection lives in a task of its own, so ``connect`` and ``close`` may be called
 from different tasks, and a transport that fails (a killed server, a dropped HTTP connection)
 fails only the calls in flight, as tool errors, never the run that made them. After a lost
-connection the next call reconnects (``reconnect=True``); a ``pure`` or ``idempotent`` call that
-lost its connection is sent once more on the new one, a ``side_effect`` call never is.
+connection the next call reconnects (``reconnect=True``). A call that finds the connection closed
+before anything was written is sent on the new one whatever its effect; a call that lost its
+connection mid-flight is sent once more only if it is ``pure`` or ``idempotent``, never a
+``side_effect`` call.
 
 **Mapping** (details and tables in ``docs/mcp.md``):
 
