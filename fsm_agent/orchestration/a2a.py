@@ -21,19 +21,24 @@ INPUT_REQUIRED             an error result (``a2a_input_required``) with the rem
 AUTH_REQUIRED              an error result (``a2a_auth_required``): the remote wants credentials
                            this tool cannot give; the remote task is left waiting
 a direct Message reply     its text
+no answer within timeout   ``a2a_timeout``; the remote task is canceled
+a JSON-RPC error           ``a2a_error`` (``a2a_no_task`` for an unknown ``task_id``);
+                           ``a2a_unreachable`` when the remote cannot be reached
 ========================== ===================================================================
 
-**Nothing twice.** The tool is ``side_effect`` (the remote agent may act on the world). A call's
-``messageId`` is ``fsm-<idempotency key>`` and, for a new task, its ``contextId`` is
-``fsm-ctx-<idempotency key>``: the same on every resume of the same call. Before sending, the tool
-looks for the task that call created (``ListTasks`` by that context, or the message in the named
-task's history) and reattaches to it (``SubscribeToTask``, else ``GetTask`` polls) instead of
-sending again. After a crash, the runtime asks the tool's ``on_reconcile``: it reattaches and
-returns the task's result when the task exists, answers "run again" when the server says it does
-not, and leaves the call to a person when the server cannot be asked (no ``ListTasks``).
+**Nothing twice.** The tool is ``side_effect`` (the remote agent may act on the world) and
+``resumable``. A call's ``messageId`` is ``fsm-<idempotency key>`` and, for a new task, its
+``contextId`` is ``fsm-ctx-<idempotency key>``: the same on every resume of the same call. Before
+sending, the tool looks for the task that call created (``ListTasks`` by that context, or the
+message in the named task's history) and reattaches to it (``SubscribeToTask``, else ``GetTask``
+polls) instead of sending again. After a crash, the runtime asks the tool's ``on_reconcile``: it
+reattaches and returns the task's result when the task exists, answers "run again" when the
+server says it does not, and leaves the call to a person when the server cannot be asked (no
+``ListTasks``).
 
-**Cancellation.** When the call is cancelled (the parent run is cancelled or interrupted, the
-tool times out), the tool sends ``CancelTask`` for the remote task before it gives up.
+**Cancel, interrupt.** A Cancel of the parent cancels the remote task (``on_compensate`` sends
+``CancelTask``; one that had finished cannot be undone, and the parent asks to confirm). An
+Interrupt leaves it running: the call stays open and the resume reattaches.
 
 **Reports.** The remote task's id goes into the parent's log as a ``tool_progress`` event as soon
 as it is known, and each WORKING status update with a message becomes one. Usage and cost the
@@ -743,12 +748,12 @@ class _Call:
                         dropped = A2AConnectionError("the stream ended before the task did")
                 else:
                     await asyncio.sleep(self.poll_interval)
-                    got = await self.client.get_task(v.task_id)
+                    got = await self.client.get_task(v.task_id, history_length=0)
                     await self._apply(StreamEvent("task", got.raw))
             except A2ARemoteError as e:
                 if e.code != UNSUPPORTED_OPERATION:  # -32004: it ended between two looks
                     raise
-                got = await self.client.get_task(v.task_id)
+                got = await self.client.get_task(v.task_id, history_length=0)
                 v.apply(StreamEvent("task", got.raw))
             except (A2AConnectionError, A2AProtocolError) as e:
                 dropped = e
@@ -760,7 +765,7 @@ class _Call:
                 log.info("remote task %s: %s; reconnecting (%d)", v.task_id, dropped, drops)
                 await asyncio.sleep(min(2.0, 0.05 * 2 ** drops))
         try:
-            return await self.client.get_task(v.task_id)
+            return await self.client.get_task(v.task_id, history_length=0)
         except A2AError:
             return v.task()
 
