@@ -8,6 +8,7 @@ so "it did not run" is a count, not an assumption.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 from collections.abc import Mapping
@@ -210,3 +211,33 @@ def test_default_sandbox_says_which(monkeypatch: pytest.MonkeyPatch, caplog: pyt
     sb = default_sandbox(tmp_bytes=1 << 20)
     assert isinstance(sb, SubprocessSandbox) and sb.name == "subprocess"
     assert "CodeAct sandbox: subprocess" in caplog.text and "ignores tmp_bytes" in caplog.text
+
+
+async def test_fsm_agent_sessions_show_has_the_guarantees(box: Counting, kind: str, tmp_path: Any) -> None:
+    """What a person sees: ``sessions show --json`` has them in the session's metadata, and the
+    session log (``--events``) has the first call's ``tool_progress`` line."""
+    import io
+
+    from fsm_agent.cli import main
+    from fsm_agent.store import SQLiteStore
+
+    path = str(tmp_path / "sessions.db")
+    store = SQLiteStore(path)
+    script = [tool_call_response(("run_python", {"code": "40 + 2"})), "42"]
+    result = await Agent(ScriptedProvider(script), tools=[codeact_tool(box, store=store)], store=store).run(
+        "go", session_id="s-cli")
+    assert result.stop.reason is StopReason.COMPLETED
+    await store.close()
+
+    def cli(*args: str) -> str:
+        out = io.StringIO()
+        assert main(["sessions", "show", "s-cli", "--store", path, *args], out=out, err=io.StringIO()) == 0
+        return out.getvalue()
+
+    shown = orjson.loads(await asyncio.to_thread(cli, "--json"))
+    recorded = shown["session"]["metadata"][SESSION_METADATA_KEY]
+    assert recorded["sandbox"] == kind and recorded["network_isolated"] is True
+    assert recorded["reasons"]["disk_quota"].startswith("the work dir is on the host's disk")
+    events = [orjson.loads(line) for line in (await asyncio.to_thread(cli, "--events")).splitlines()]
+    progress = [e["payload"]["message"] for e in events if e["type"] == "tool_progress"]
+    assert progress[0].startswith(f"sandbox {kind}: holds network_isolated")
