@@ -360,3 +360,16 @@ async def test_images_and_resources_reach_the_model_as_blocks(toolset: MCPToolse
     image = answer.content[1]
     assert isinstance(image, ImageBlock) and image.data == PNG_1PX and image.media_type == "image/png"
     assert answer.content[2] == TextBlock("[resource file:///notes.txt (text/plain)]\nnote one")
+
+
+def test_the_module_surface_is_sorted_and_documented() -> None:
+    import inspect
+
+    from fsm_agent.orchestration import mcp
+
+    assert mcp.__all__ == sorted(mcp.__all__)
+    for name in mcp.__all__:
+        obj = getattr(mcp, name)
+        assert inspect.getdoc(obj), f"{name} has no docstring"
+    for name in ("connect", "close", "tools", "client", "connected", "name"):
+        assert inspect.getdoc(getattr(MCPToolset, name)), f"MCPToolset.{name} has no docstring"
