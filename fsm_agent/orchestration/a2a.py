@@ -22,8 +22,10 @@ AUTH_REQUIRED              an error result (``a2a_auth_required``): the remote w
                            this tool cannot give; the remote task is left waiting
 a direct Message reply     its text
 no answer within timeout   ``a2a_timeout``; the remote task is canceled
-a JSON-RPC error           ``a2a_error`` (``a2a_no_task`` for an unknown ``task_id``);
-                           ``a2a_unreachable`` when the remote cannot be reached
+a JSON-RPC error           ``a2a_error`` (``a2a_no_task`` for an unknown ``task_id``)
+no usable answer           ``a2a_unreachable`` (no connection, or it dropped more than
+                           ``max_reconnects`` times), ``a2a_http`` (an HTTP error status),
+                           ``a2a_protocol`` (not A2A JSON-RPC)
 ========================== ===================================================================
 
 **Nothing twice.** The tool is ``side_effect`` (the remote agent may act on the world) and
@@ -898,8 +900,10 @@ def remote_agent_tool(agent: str | AgentCard | Mapping[str, Any], *, name: str |
                 raise RemoteTaskError(f"remote agent {agent_name} refused the message: {e}", state=run.view.state,
                                       task_id=run.view.task_id or task_id, kind="a2a_error") from e
             except A2AError as e:
+                kind = ("a2a_protocol" if isinstance(e, A2AProtocolError) else "a2a_http" if isinstance(e, A2AHTTPError)
+                        else "a2a_unreachable")
                 raise RemoteTaskError(f"remote agent {agent_name}: {e}", state=run.view.state,
-                                      task_id=run.view.task_id or task_id, kind="a2a_unreachable") from e
+                                      task_id=run.view.task_id or task_id, kind=kind) from e
             _roll_up(ctx, task)
             return _outcome(task, agent_name, tool_name if continuation else None)
 

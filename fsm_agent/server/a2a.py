@@ -807,7 +807,7 @@ class _A2A:
         status = _get(params, "status")
         if status in ("", "TASK_STATE_UNSPECIFIED", 0):
             status = None
-        if status is not None and status not in ALL_STATES:
+        if status is not None and (not isinstance(status, str) or status not in ALL_STATES):
             raise RpcError(INVALID_PARAMS, f"params.status must be one of {', '.join(sorted(ALL_STATES))}, "
                                            f"not {str(status)[:40]!r}")
         size = _opt_int(params, "pageSize", "page_size", "params", 1, 100) or 50
