@@ -30,7 +30,8 @@ The plan is in the run state, so it is in every checkpoint: a run paused mid-pla
 (PAUSED_BUDGET, INTERRUPTED, WAITING_HUMAN) resumes at the node it was on, with no new planner
 call. Each change is logged as ``plan_updated`` (the whole plan and the reason). Planner,
 replanner and grader calls go through ``ctx.call_provider(..., account=True)``: their tokens and
-cost count toward the run's usage and budgets. The full description: ``docs/planact.md``.
+cost count toward the run's usage and budgets. :func:`recorded_planner` answers those calls from a
+session's log, for an offline replay. The full description: ``docs/planact.md``.
 """
 
 from __future__ import annotations
@@ -39,10 +40,12 @@ import inspect
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Optional, Union
 
+import orjson
 from attrs import evolve
 
 from fsm_agent import (
     AssistantMessage,
+    ScriptedProvider,
     Complete,
     ConfigurationError,
     Continue,
@@ -63,7 +66,8 @@ from fsm_agent import (
     parse_output,
 )
 from fsm_agent.errors import ProviderError
-from fsm_agent.types import Replan, ReplanTrigger, nodes_from_output, plan_output_schema
+from fsm_agent.providers import text_response
+from fsm_agent.types import Replan, ReplanTrigger, nodes_from_output, plan_output_schema, structure
 
 from .verifier import Verdict, parse_verdict
 
@@ -76,6 +80,7 @@ __all__ = [
     "VERDICT_SCHEMA",
     "NodeCheck",
     "PlanAct",
+    "recorded_planner",
 ]
 
 NodeCheck = Callable[[RunContext, PlanNode], Union[Verdict, None, Awaitable[Optional[Verdict]]]]
@@ -578,6 +583,61 @@ class PlanAct(Middleware):
             stop = StopReason.WAITING_HUMAN if exc.retryable else StopReason.FAILED_TERMINAL
             raise StopRun(stop, f"planact: the {role} call failed: {exc}", error=exc.to_info(),
                           required_decision=f"resume to call the {role} again" if exc.retryable else None) from exc
+
+
+def recorded_planner(events: Sequence[Any]) -> Provider:
+    """A provider that answers PlanAct's planner, replanner and grader calls as a recorded session's
+    did, for an offline replay (``fsm_agent.testing.replay_trajectory`` serves the recorded
+    executor answers but not the calls made through ``ctx.call_provider``): pass
+    ``PlanAct(provider=recorded_planner(events), ...)`` to the replaying agent, with the same checks.
+
+    ``events``: the session's ``plan_updated`` events (``EventRecord`` objects, or their ``type`` /
+    ``payload`` dicts), in log order. Each role gets its recorded answers in order: the plan the
+    planner wrote, the nodes each replan wrote, and each verdict the grader gave (a check whose node
+    evidence names a ``grader:`` reference). A planner answer the recording rejected is not in the
+    log, so the replay's planner answers right the first time. Past the end of a role's answers, a
+    call fails with a non-retryable :class:`~fsm_agent.errors.ProviderError` (the replay stops
+    FAILED_TERMINAL, saying so).
+    """
+    answers: dict[str, list[Any]] = {"plan": [], "replan": [], "verdict": []}
+    for ev in events:
+        kind = ev["type"] if isinstance(ev, Mapping) else ev.type
+        payload = ev["payload"] if isinstance(ev, Mapping) else ev.payload
+        if kind != "plan_updated":
+            continue
+        plan: Plan = structure(payload["plan"], Plan)
+        reason: str = payload["reason"]
+        if reason.startswith("planned by the planner"):
+            answers["plan"].append(list(plan.nodes))
+        elif reason.startswith("replanned to"):
+            added = plan.history[-1].added
+            answers["replan"].append([plan.node(i) for i in added])
+        for node in plan.nodes:
+            if (reason.startswith((f"node {node.id} passed:", f"node {node.id} failed its check:"))
+                    and any(e.startswith("grader:") for e in node.evidence)):
+                ok = reason.startswith(f"node {node.id} passed:")
+                answers["verdict"].append({"ok": ok, "reason": node.verdict or ""})
+
+    def answer(request: MessageRequest) -> Any:
+        schema = request.output_schema
+        name = schema.name if schema is not None else ""
+        if name not in answers:
+            raise ProviderError("recorded_planner answers only PlanAct's planner, replanner and grader calls, not "
+                                f"{'an answer schema ' + repr(name) if name else 'an executor call'}",
+                                provider="recorded-planact")
+        if not answers[name]:
+            raise ProviderError(f"the recording holds no more {name!r} answers", provider="recorded-planact")
+        item = answers[name].pop(0)
+        if name == "verdict":
+            return text_response(orjson.dumps(item).decode())
+        with_check = schema is not None and b'"check"' in orjson.dumps(schema.schema)
+        nodes = [{"id": n.id, "goal": n.goal, "depends_on": list(n.depends_on), "acceptance": n.acceptance,
+                  **({"check": n.check} if with_check else {})} for n in item]
+        return text_response(orjson.dumps({"nodes": nodes}).decode())
+
+    provider = ScriptedProvider([answer], repeat_last=True, model="recorded-planact")
+    provider.name = "recorded-planact"
+    return provider
 
 
 # -- helpers ---------------------------------------------------------------------------------

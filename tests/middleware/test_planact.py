@@ -529,3 +529,37 @@ async def test_the_plan_note_is_rebuilt_in_the_system_message_each_turn() -> Non
     assert first.startswith("Be brief.\n\nYou are following a plan. Current step a: Find the first number")
     third = world.requests["executor"][2].messages[0].text
     assert "Current step c: Add the two numbers" in third and "Steps already done: a, b." in third
+
+
+async def test_an_offline_replay_answers_planner_replanner_and_grader_from_the_log() -> None:
+    from fsm_agent.testing import replay_trajectory
+    from fsm_agent_middleware.planact import recorded_planner
+
+    def reject_b_once() -> Callable[[Any, PlanNode], Verdict | None]:
+        tries: Counter[str] = Counter()
+
+        def check(ctx: Any, node: PlanNode) -> Verdict | None:
+            tries[node.id] += 1
+            return Verdict(False, "no number") if node.id == "b" and tries["b"] == 1 else None
+
+        return check
+
+    redo = {"nodes": [{"id": "b", "goal": "Look b up", "depends_on": ["a"], "acceptance": "a number"},
+                      {"id": "c", "goal": "Add", "depends_on": ["b"], "acceptance": "the sum"}]}
+    world = World(plans=[PLAN], replans=[redo], grade=lambda r: (True, f"fine {len(r.messages[-1].text)}"))
+    store = MemoryStore()
+    recorded = await Agent(world.provider(), store=store, middleware=[PlanAct(check=reject_b_once())]).run(
+        "Add two numbers", session_id="rec")
+    assert recorded.stop.reason is StopReason.COMPLETED and world.calls["grader"] == 3
+    events = await store.read_events("rec", types=("plan_updated",))
+    again = Agent(ScriptedProvider([]), middleware=[PlanAct(provider=recorded_planner(events), check=reject_b_once())])
+    report = await replay_trajectory(store, "rec", again)
+    assert report.ok, report.summary()
+    # the answers run out honestly, and an executor call is refused
+    empty = recorded_planner([])
+    from fsm_agent.errors import ProviderError
+
+    with pytest.raises(ProviderError, match="no more 'plan' answers"):
+        await empty.chat(world.requests["planner"][0])
+    with pytest.raises(ProviderError, match="only PlanAct's planner, replanner and grader calls"):
+        await empty.chat(world.requests["executor"][0])
