@@ -99,7 +99,7 @@ limits = {}
 for name in ("RLIMIT_AS", "RLIMIT_CPU", "RLIMIT_NPROC", "RLIMIT_FSIZE", "RLIMIT_NOFILE", "RLIMIT_CORE"):
     limits[name] = list(resource.getrlimit(getattr(resource, name)))
 facts["rlimits"] = limits
-facts["writable"] = [p for p in ("/", "/etc", "/usr", "/var", "/var/tmp", "/tmp", "/dev/shm", "/root", "/home")
+facts["writable"] = [p for p in ("/", "/etc", "/usr", "/var", "/var/tmp", "/tmp", "/dev", "/dev/shm", "/root", "/home")
                      if os.path.isdir(p) and os.access(p, os.W_OK)]
 facts["visible"] = [p for p in ("/etc/passwd", "/etc/shadow", "/root", "/home", "/proc/1/environ")
                     if os.path.exists(p)]
@@ -562,7 +562,7 @@ class LocalSandbox:
             try:
                 async with asyncio.timeout(5.0):
                     await feeder
-                    (out, out_n), (err, err_n), (doc, _) = await asyncio.gather(*tasks)
+                    (out, out_n), (err, err_n), (doc, doc_n) = await asyncio.gather(*tasks)
             except TimeoutError as exc:  # something of the run still holds a pipe open: must not happen
                 raise SandboxError(f"the {self.NAME} sandbox's output did not close after its interpreter exited",
                                    sandbox=self.NAME) from exc
@@ -576,8 +576,8 @@ class LocalSandbox:
             for t in transports:
                 t.close()
         after, truncated = await asyncio.to_thread(_snapshot, workdir)
-        return self._result(proc.returncode, out, out_n, err, err_n, doc, killed_by_parent, duration, before, after,
-                            truncated, workdir, limits)
+        return self._result(proc.returncode, out, out_n, err, err_n, doc, doc_n > len(doc), killed_by_parent,
+                            duration, before, after, truncated, workdir, limits)
 
     async def _abort(self, proc: asyncio.subprocess.Process | None, uid: int | None,
                      tasks: list[asyncio.Future[Any]]) -> None:
@@ -591,7 +591,7 @@ class LocalSandbox:
             t.cancel()
 
     def _result(self, returncode: int | None, out: bytes, out_n: int, err: bytes, err_n: int, doc: bytes,
-                killed_by_parent: bool, duration: float, before: dict[str, Entry], after: dict[str, Entry],
+                doc_cut: bool, killed_by_parent: bool, duration: float, before: dict[str, Entry], after: dict[str, Entry],
                 truncated: bool, workdir: str, limits: Limits) -> ExecutionResult:
         started = doc.startswith(_STARTED)
         report: dict[str, Any] = {}
@@ -614,7 +614,8 @@ class LocalSandbox:
             hit.add("cpu")  # SIGXCPU at the soft limit, SIGKILL at the hard one; nothing else here sends them
         elif sig == signal.SIGXFSZ:
             hit.add("file_size")
-        if out_n > len(out) or err_n > len(err) or report.get("value_truncated") or report.get("repr_truncated"):
+        if (out_n > len(out) or err_n > len(err) or doc_cut or report.get("value_truncated")
+                or report.get("repr_truncated")):
             hit.add("output")
         changes = _diff(before, after)
         if limits.file_size_bytes and any(c.kind == "file" and c.size == limits.file_size_bytes for c in changes):

@@ -7,7 +7,8 @@ this recipe passed)::
       bwrap --unshare-all --unshare-user --disable-userns --die-with-parent --new-session --cap-drop ALL
             --hostname sandbox
             --ro-bind /usr /usr   (and /lib, /lib64, /bin, /sbin as the host has them: symlinks or read-only binds)
-            --proc /proc --dev /dev --size TMP_BYTES --tmpfs /tmp
+            --proc /proc --dev /dev --size TMP_BYTES --tmpfs /dev/shm --remount-ro /dev
+            --size TMP_BYTES --tmpfs /tmp
             --bind WORKDIR /work --chdir /work
             --remount-ro /
             --clearenv --setenv PATH ... --setenv HOME /work --setenv TMPDIR /tmp --setenv LANG C.UTF-8
@@ -22,7 +23,8 @@ an ordinary user, ``setpriv`` is left out and the code runs as that user's uid i
 namespace (``uid_dropped`` and ``processes_limited`` then do not hold).
 
 Beyond the recorded recipe: ``--unshare-user --disable-userns`` (no nested user namespaces),
-``--size`` on ``/tmp`` (a tmpfs counts against memory, not ``RLIMIT_AS``), ``--hostname``, and
+``--size`` on ``/tmp`` and ``/dev/shm`` and a read-only ``/dev`` (a tmpfs holds memory that
+``RLIMIT_AS`` does not count), ``--hostname``, and
 ``--inh-caps=-all --bounding-set=-all`` on setpriv.
 """
 
@@ -74,7 +76,7 @@ class BubblewrapSandbox(LocalSandbox):
         workdir_root: where work dirs are created (default: the system temp dir).
         env: extra environment variables for the code (never pass secrets).
         ro_binds: extra host paths made visible read-only at the same path (a virtualenv, data).
-        tmp_bytes: size of the private ``/tmp`` tmpfs, bytes (default 64 MiB).
+        tmp_bytes: size of each of the private ``/tmp`` and ``/dev/shm`` tmpfs, bytes (default 64 MiB).
         bwrap: path of ``bwrap`` (default: found on ``PATH``).
 
     Raises:
@@ -154,9 +156,10 @@ class BubblewrapSandbox(LocalSandbox):
         for p in self.ro_binds:
             argv += ["--ro-bind", p, p]
         argv += ["--proc", "/proc", "--dev", "/dev"]
-        if "--size" in features:
-            argv += ["--size", str(self.tmp_bytes)]
-        argv += ["--tmpfs", "/tmp", "--bind", workdir, "/work", "--chdir", "/work", "--remount-ro", "/",
+        size = ["--size", str(self.tmp_bytes)] if "--size" in features else []
+        # /dev is a tmpfs of its own, writable and unbounded: its files would hold memory no rlimit counts
+        argv += [*size, "--tmpfs", "/dev/shm", "--remount-ro", "/dev", *size, "--tmpfs", "/tmp"]
+        argv += ["--bind", workdir, "/work", "--chdir", "/work", "--remount-ro", "/",
                  "--clearenv", "--setenv", "PATH", _SANDBOX_PATH, "--setenv", "HOME", "/work", "--setenv", "TMPDIR",
                  "/tmp", "--setenv", "LANG", "C.UTF-8"]
         for k, v in self.env.items():
@@ -193,8 +196,8 @@ class BubblewrapSandbox(LocalSandbox):
             f"the sandbox sees network devices {ifaces}")
         writable = [p for p in facts.get("writable") or [] if p not in ("/tmp", "/dev/shm")]
         put("filesystem_readonly", not writable,
-            f"read-only root (--remount-ro /) with /usr bound read-only; /tmp is a private tmpfs of {self.tmp_bytes} "
-            "bytes dropped after the run; only the work dir (/work) is shared with the host",
+            f"read-only root (--remount-ro /) and /dev, /usr bound read-only; /tmp and /dev/shm are private tmpfs of "
+            f"{self.tmp_bytes} bytes each, dropped after the run; only the work dir (/work) is shared with the host",
             f"writable outside the work dir: {writable}")
         leaked = [p for p in facts.get("visible") or [] if p not in ("/proc/1/environ",)]
         readable = facts.get("readable") or []
@@ -231,7 +234,7 @@ class BubblewrapSandbox(LocalSandbox):
                                                "the code does not run as a dedicated uid, so the limit counts "
                                                "every process of that user (and is ignored for uid 0)"))
         put("disk_quota", False, "", "the work dir is on the host's disk: each file is capped by file_size_bytes, "
-            f"their number is not (the private /tmp is capped at {self.tmp_bytes} bytes)")
+            f"their number is not (the private /tmp and /dev/shm are capped at {self.tmp_bytes} bytes each)")
         version, features = _bwrap_features(self.bwrap or "")
         return Guarantees(self.NAME, **holds, reasons=reasons, mechanisms=how, details={
             "uids": list(self.uids) if self.root else [os.geteuid()], "python": self.python, "bwrap": self.bwrap,

@@ -157,6 +157,35 @@ async def test_world_writable_tmp_is_private_or_reported_as_writable(make: Make,
             os.unlink(marker)
 
 
+async def test_bubblewraps_private_tmpfs_are_bounded_and_dev_is_read_only(reachable_dir: Path) -> None:
+    """A tmpfs holds memory that RLIMIT_AS does not count: /tmp and /dev/shm are capped, /dev is read-only."""
+    from .conftest import absence, build
+
+    why = absence("bubblewrap")
+    if why:
+        pytest.skip(why)
+    sb = build("bubblewrap", workdir_root=reachable_dir, tmp_bytes=8 * 1024 * 1024)
+    r = await sb.run("""
+import errno
+out = {}
+for d in ("/tmp", "/dev/shm", "/dev"):
+    written = 0
+    try:
+        for i in range(16):
+            with open(f"{d}/fill{i}", "wb") as fh:
+                fh.write(b"x" * (1024 * 1024))
+            written += 1
+        out[d] = written
+    except OSError as exc:
+        out[d] = [written, errno.errorcode[exc.errno]]
+out
+""")
+    assert r.ok, r
+    assert r.return_value["/tmp"][1] == "ENOSPC" and r.return_value["/tmp"][0] <= 8  # of 16 MiB
+    assert r.return_value["/dev/shm"][1] == "ENOSPC" and r.return_value["/dev/shm"][0] <= 8
+    assert r.return_value["/dev"] == [0, "EROFS"]
+
+
 async def test_etc_shadow_and_a_mode_600_secret_cannot_be_read(make: Make, host_dir: Path) -> None:
     secret = f"s3cret-{uuid.uuid4().hex}"
     path = host_dir / "secret.key"
@@ -361,6 +390,8 @@ async def test_stdout_and_stderr_are_captured_and_capped(make: Make) -> None:
     assert r.limits_hit == ("output",)
     r = await sb.run("print('héllo ✓')")
     assert r.stdout == "héllo ✓\n" and r.limits_hit == ()
+    r = await sb.run("'y' * 10_000")  # a return value beyond the cap: its repr is cut, the JSON dropped
+    assert r.ok and r.return_value is None and r.return_repr == "'" + "y" * 4095 and r.limits_hit == ("output",)
 
 
 async def test_a_syntax_error_is_a_clear_result(make: Make) -> None:
