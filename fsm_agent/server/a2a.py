@@ -73,7 +73,7 @@ from ..types.run import StopReason
 from .app import AGENT_KEY, RUNNER_KEY, STORE_KEY, TENANT, TENANTS_KEY
 from .auth import DEFAULT_TENANT
 from .notify import NotifyingStore, Subscription
-from .runs import SERVER_STOPPING, RunRequest, Runner, decision_key, decision_rounds
+from .runs import DECISION_KEY, SERVER_STOPPING, RunRequest, Runner, decision_key, decision_rounds
 from .sse import ClientGone, SSEWriter, encode_frame
 
 __all__ = ["A2A_VERSION", "AGENT_CARD_PATH", "REFUSAL_KINDS", "A2AConfig", "A2ASkill", "RpcError",
@@ -999,6 +999,7 @@ class _A2A:
             return out
         tools = self.app[AGENT_KEY].tools
         rounds = await decision_rounds(self.store, sid)
+        stored = await self.store.idempotency_records(sid, DECISION_KEY)
         for call_id, decision in msg.decisions.items():
             p = pending.get(call_id)
             if p is None:
@@ -1017,6 +1018,11 @@ class _A2A:
                         raise RpcError(INVALID_PARAMS, f"decisions[{call_id!r}].arguments: {e}") from e
             round_ = rounds.get(call_id, 0)
             value = {"call_id": call_id, "decision": unstructure(decision)}
+            earlier = stored.get(decision_key(call_id, round_))
+            if earlier is not None and earlier.get("request") != value:
+                raise RpcError(INVALID_PARAMS, f"tool call {call_id!r} was already decided differently "
+                                               f"({(earlier.get('request') or {}).get('decision')}); a different "
+                                               "decision is refused")
             outcome = {"session_id": sid, "call_id": call_id, "decision": decision.kind, "status": "accepted",
                        "reason": p.get("reason") or "", "round": round_}
             out[call_id] = (decision_key(call_id, round_), {"request": value, "outcome": outcome, "call_id": call_id,

@@ -502,6 +502,22 @@ async def test_approvals_answered_by_a_message_resume_the_session_once() -> None
         assert len(resumes) == 1
 
 
+async def test_an_answer_that_conflicts_with_a_stored_decision_is_refused_every_time() -> None:
+    """A decision for the call is stored (as the approvals route stores one) before the A2A answer:
+    a different answer is -32602, and so is its retry: a refused message is not marked applied."""
+    async with serve(approval_agent(MemoryStore())) as live, aiohttp.ClientSession() as cs:
+        tid = (await send(cs, live.rpc_url, "mail a0", "m-x"))["id"]
+        reject = {"request": {"call_id": "c0", "decision": {"kind": "reject", "arguments": None,
+                                                            "message": "no", "is_error": False}}}
+        await live.app[STORE_KEY].claim_idempotency_key(tid, "decision:c0#0", reject)
+        answer = {"messageId": "m-x2", "taskId": tid, "role": "ROLE_USER",
+                  "parts": [{"data": {"decisions": {"c0": {"decision": "approve"}}}}]}
+        for _ in range(2):
+            out = await rpc(cs, live.rpc_url, "SendMessage", {"message": answer})
+            assert out["error"]["code"] == -32602 and "already decided differently (reject)" in out["error"]["message"]
+        assert RAN == [] and await live.app[STORE_KEY].read_events(tid, types=("resume",)) == []
+
+
 async def test_a_retried_answer_while_waiting_is_applied_once() -> None:
     """Two identical answers sent at once: one resume, the tool runs once."""
     async with serve(approval_agent(MemoryStore())) as live, aiohttp.ClientSession() as cs:
