@@ -598,6 +598,12 @@ def _task_id_for(tenant: str, message_id: str) -> str:
     return "a2a-" + hashlib.sha256(f"{tenant}\0{message_id}".encode()).hexdigest()[:32]
 
 
+def _decision_kind(stored: Mapping[str, Any]) -> str:
+    """The kind of a stored decision record (``approve`` ...)."""
+    d = (stored.get("request") or {}).get("decision")
+    return str(d.get("kind") if isinstance(d, dict) else d)
+
+
 def _tenant_of(rec: SessionRecord) -> str:
     t = rec.metadata.get("tenant") if isinstance(rec.metadata, dict) else None
     return t if isinstance(t, str) and t else DEFAULT_TENANT
@@ -969,7 +975,7 @@ class _A2A:
             done, ok = await self.store.claim_idempotency_key(sid, key_, value)
             if not ok and done.get("request") != value["request"]:
                 raise RpcError(INVALID_PARAMS, f"tool call {call_id!r} was already decided differently "
-                                               f"({done.get('request', {}).get('decision')})")
+                                               f"({_decision_kind(done)}); a different decision is refused")
         if msg.text.strip():
             await send_control(self.store, sid, ControlKind.STEER, msg.text)
         await self.runner.submit(RunRequest(sid, "resume", limits=dict(msg.limits or {})))
@@ -1021,8 +1027,7 @@ class _A2A:
             earlier = stored.get(decision_key(call_id, round_))
             if earlier is not None and earlier.get("request") != value:
                 raise RpcError(INVALID_PARAMS, f"tool call {call_id!r} was already decided differently "
-                                               f"({(earlier.get('request') or {}).get('decision')}); a different "
-                                               "decision is refused")
+                                               f"({_decision_kind(earlier)}); a different decision is refused")
             outcome = {"session_id": sid, "call_id": call_id, "decision": decision.kind, "status": "accepted",
                        "reason": p.get("reason") or "", "round": round_}
             out[call_id] = (decision_key(call_id, round_), {"request": value, "outcome": outcome, "call_id": call_id,
