@@ -67,15 +67,19 @@ def _env(*names: str) -> str | None:
 
 
 class _Printer:
-    """Observer that streams the answer to stdout and tool activity to stderr."""
+    """Observer that streams the answer to stdout and tool activity (and plan changes) to stderr.
+
+    Only the Model phase's call is the answer: calls a plugin makes in other phases (a planner, a
+    grader, a summarizer, through ``ctx.call_provider``) stream to observers too, and are not printed."""
 
     def __init__(self, out: TextIO, err: TextIO, verbose: bool) -> None:
         self.out, self.err, self.verbose = out, err, verbose
         self.open_line = False
+        self.state: str | None = None
 
     def on_model_event(self, ev: Any) -> None:
         text = getattr(ev.event, "text", None)
-        if ev.event.TAG == "text_delta" and text:
+        if ev.event.TAG == "text_delta" and text and self.state in (None, "Model"):
             self.out.write(text)
             self.out.flush()
             self.open_line = not text.endswith("\n")
@@ -100,7 +104,12 @@ class _Printer:
             text = text[:300] + "…"
         self.err.write(f"{mark} {ev.call.name}: {text} ({ev.duration_s:.2f} s)\n")
 
+    def on_plan_updated(self, ev: Any) -> None:
+        self._nl()
+        self.err.write(f"plan v{ev.plan.version}: {ev.reason}\n")
+
     def on_transition(self, ev: Any) -> None:
+        self.state = ev.to_state
         if self.verbose:
             self.err.write(f"  [{ev.from_state} --{ev.trigger}--> {ev.to_state}] {ev.reason}\n")
 
