@@ -364,8 +364,9 @@ class PlanAct(Middleware):
                 evidence = tuple(e for n in plan.order() if n.status is NodeStatus.PASSED
                                  for e in (f"plan:v{plan.version}:{n.id}:passed", *n.evidence))
                 passed = sum(n.status is NodeStatus.PASSED for n in plan.nodes)
-                return Complete(evidence=evidence, detail=f"plan v{plan.version}: all {passed} nodes passed "
-                                                          f"({plan.replans} replan(s))")
+                return Complete(evidence=evidence, detail=f"plan v{plan.version}: every node passed ({passed} "
+                                f"node{'' if passed == 1 else 's'}, {plan.replans} replan"
+                                f"{'' if plan.replans == 1 else 's'})")
             plan = plan.start(ready[0].id, turn=ctx.turn)
             ctx.update_plan(plan, f"node {node.id} passed: {verdict.feedback or 'the check passed'}; "
                                   f"node {ready[0].id} started")

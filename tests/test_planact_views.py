@@ -144,6 +144,30 @@ async def test_diagram_plan_on_a_session_without_a_plan_says_so(tmp_path: Path) 
     assert "Traceback" not in err
 
 
+async def test_the_cli_prints_only_the_answers_and_reports_plan_changes_on_stderr() -> None:
+    """A planner's and a grader's JSON stream to observers too; the CLI prints the Model phase only."""
+    from test_cli import chunk, run_cli
+
+    def body(text: str) -> bytes:
+        return (chunk({"role": "assistant", "content": text[:7]}) + chunk({"content": text[7:]})
+                + chunk({}, "stop", {"prompt_tokens": 20, "completion_tokens": 5}) + b"data: [DONE]\n\n")
+
+    plan = {"nodes": [{"id": "a", "goal": "Find the number", "depends_on": [], "acceptance": "a number"},
+                      {"id": "b", "goal": "Double it", "depends_on": ["a"], "acceptance": "twice the number"}]}
+    verdict = '{"ok": true, "reason": "right"}'
+    code, out, err, server = await run_cli(
+        "--middleware", "planact", "--no-default-middleware", "Double the number",
+        responses=[body(orjson.dumps(plan).decode()), body("The number is 21."), body(verdict),
+                   body("Twice 21 is 42."), body(verdict)])
+    assert code == 0, err
+    assert "The number is 21." in out and "Twice 21 is 42." in out
+    assert "nodes" not in out and '"ok"' not in out
+    assert "plan v1: planned by the planner: 2 nodes; node a started" in err
+    assert "plan v1: node b passed: right; every node passed" in err
+    assert "stop: COMPLETED — plan v1: every node passed (2 nodes, 0 replans)" in err
+    assert len(server.requests) == 5
+
+
 # -- the server ------------------------------------------------------------------------------
 async def test_the_diagram_route_serves_the_plan(tmp_path: Path) -> None:
     db = tmp_path / "s.db"

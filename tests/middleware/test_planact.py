@@ -182,7 +182,7 @@ async def test_a_three_node_plan_runs_in_dependency_order_and_completes_with_evi
     assert result.stop.reason is StopReason.COMPLETED, result.stop.detail
     assert world.steps == ["a", "b", "c"]
     assert world.calls == Counter(planner=1, executor=3, grader=3)
-    assert result.stop.detail.startswith("plan v1: all 3 nodes passed")
+    assert result.stop.detail == "plan v1: every node passed (3 nodes, 0 replans) (decided by planact)"
     refs = result.stop.evidence_refs
     assert [r for r in refs if r.startswith("plan:")] == ["plan:v1:a:passed", "plan:v1:b:passed", "plan:v1:c:passed"]
     assert sum(r.startswith("grader:scripted/") for r in refs) == 3
