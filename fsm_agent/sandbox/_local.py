@@ -3,8 +3,9 @@
 A run, for :class:`~fsm_agent.sandbox.bubblewrap.BubblewrapSandbox` and
 :class:`~fsm_agent.sandbox.subprocess.SubprocessSandbox` alike:
 
-1. take a free uid from the pool (one run per dedicated uid at a time: ``RLIMIT_NPROC`` counts every
-   process of a uid, so concurrent runs must not share one);
+1. take a free uid from the pool (one run per dedicated uid at a time in this process, whichever
+   sandbox object asks: ``RLIMIT_NPROC`` counts every process of a uid, so concurrent runs must not
+   share one; other processes must use other uids);
 2. create the work dir (``mkdtemp``, then owned by that uid, mode 0700), write ``files`` into it,
    and note what is there;
 3. spawn the launcher chain with :func:`asyncio.create_subprocess_exec` in a new session (no
@@ -33,6 +34,7 @@ import shutil
 import signal
 import stat
 import tempfile
+import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -65,6 +67,12 @@ DEFAULT_UIDS: range = range(2_100_000_000, 2_100_000_004)
 concurrent run. Pick others (``uids=``) when these are used on your machine: nothing else may run as
 them, since every process of such a uid counts against the run's process limit and is killed after
 the subprocess sandbox's runs."""
+
+BUSY_UIDS: set[int] = set()
+"""The dedicated uids running a call in this process, whichever sandbox object took them: two sandboxes
+configured with the same uids never run as one of them at once (``RLIMIT_NPROC`` would count both,
+and the subprocess sandbox's clean-up would kill the other's processes)."""
+_BUSY_LOCK = threading.Lock()
 
 MAX_CODE_BYTES = 1024 * 1024
 """The largest source accepted, bytes."""
@@ -334,7 +342,6 @@ class LocalSandbox:
             if not isinstance(k, str) or not isinstance(v, str) or not k or "=" in k or "\x00" in k + v:
                 raise SandboxInputError(f"env: {k!r}={v!r} is not an environment variable")
         self.root = os.geteuid() == 0
-        self._free: list[int] = list(self.uids)
         self._guarantees: Guarantees | None = None
         self._checked_uids = False
 
@@ -470,9 +477,13 @@ class LocalSandbox:
         """A free dedicated uid (root), or ``None`` (not root: the caller's own uid, no pool)."""
         if not self.root:
             return None
-        while not self._free:
-            await asyncio.sleep(0.005)  # loop-agnostic wait: the pool is shared between event loops
-        return self._free.pop(0)
+        while True:
+            with _BUSY_LOCK:
+                for uid in self.uids:
+                    if uid not in BUSY_UIDS:
+                        BUSY_UIDS.add(uid)
+                        return uid
+            await asyncio.sleep(0.005)  # a loop-agnostic wait: runs on other event loops may hold the uids
 
     def _make_workdir(self, uid: int | None, seeded: list[tuple[str, bytes]]) -> str:
         workdir = tempfile.mkdtemp(prefix=f"fsm-sandbox-{self.NAME}-", dir=self.workdir_root)
@@ -500,7 +511,8 @@ class LocalSandbox:
             if workdir is not None and not self.keep_workdir:
                 await asyncio.shield(asyncio.to_thread(_remove, workdir))
             if uid is not None:
-                self._free.append(uid)
+                with _BUSY_LOCK:
+                    BUSY_UIDS.discard(uid)
 
     def _seccomp_fd(self) -> int:
         ok, _ = seccomp_available()
