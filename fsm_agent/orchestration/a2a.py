@@ -227,7 +227,8 @@ class AgentCard:
                 found = i
                 break
         if found is None:
-            raise AgentCardError(f"{source} offers no JSONRPC interface of A2A 1.x (offered: {', '.join(offered) or 'none'}); "
+            raise AgentCardError(f"{source} offers no JSONRPC interface of A2A 1.x "
+                                 f"(offered: {', '.join(offered) or 'none'}); "
                                  "this client speaks the JSON-RPC binding of A2A 1.0")
         caps: dict[str, Any] = data["capabilities"] if isinstance(data.get("capabilities"), dict) else {}
         skills = tuple(str(s.get("name") or s.get("id") or "") for s in data.get("skills") or () if isinstance(s, dict))
@@ -291,7 +292,7 @@ class RemoteTask:
         Raises:
             A2AProtocolError: not a task (no ``id`` or ``status``).
         """
-        if not isinstance(data, dict) or not isinstance(data.get("id"), str) or not isinstance(data.get("status"), dict):
+        if not (isinstance(data, dict) and isinstance(data.get("id"), str) and isinstance(data.get("status"), dict)):
             raise A2AProtocolError(f"expected an A2A Task (id, status), got {str(data)[:200]}")
         status = data["status"]
         arts = []
@@ -843,10 +844,10 @@ def remote_agent_tool(agent: str | AgentCard | Mapping[str, Any], *, name: str |
 
     The tool's parameters: ``message`` (str), ``task_id`` (optional: continue a remote task that
     asked for input) and ``data`` (optional object, sent as a data part: what a remote asked for in
-    structured form, such as fsm_agent's ``{"decisions": ...}``). It is ``side_effect`` and ``resumable``: an Interrupt of the parent
-    leaves the remote task running and the resume reattaches to it; a Cancel of the parent cancels
-    it (``on_compensate``; a remote task that had already finished cannot be undone, and the parent
-    then asks to confirm the cancel). Results and guarantees: see the module docstring.
+    structured form, such as fsm_agent's ``{"decisions": ...}``). It is ``side_effect`` and
+    ``resumable``: an Interrupt of the parent leaves the remote task running and the resume
+    reattaches to it; a Cancel of the parent cancels it (``on_compensate``; a remote task that had
+    already finished cannot be undone, and the parent then asks to confirm the cancel). Results and guarantees: see the module docstring.
 
     Raises:
         AgentCardError: ``agent`` is a card that cannot be used.

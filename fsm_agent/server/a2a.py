@@ -65,7 +65,6 @@ from attrs import field, frozen
 from ..control import Decision
 from ..errors import ConfigurationError, ResumeError, SessionExistsError, ToolArgumentsError
 from ..machine.config import RunConfig
-from ..machine.phases import Phase
 from ..store.base import QUEUED, ControlKind, EventRecord, SessionRecord
 from ..store.sessions import send_control
 from ..types.codec import unstructure
@@ -102,7 +101,8 @@ _REASONS = {PARSE_ERROR: "PARSE_ERROR", INVALID_REQUEST: "INVALID_REQUEST", METH
             VERSION_NOT_SUPPORTED: "VERSION_NOT_SUPPORTED"}
 
 # task states (the enum names of the JSON binding)
-SUBMITTED, WORKING, COMPLETED, FAILED = "TASK_STATE_SUBMITTED", "TASK_STATE_WORKING", "TASK_STATE_COMPLETED", "TASK_STATE_FAILED"
+SUBMITTED, WORKING = "TASK_STATE_SUBMITTED", "TASK_STATE_WORKING"
+COMPLETED, FAILED = "TASK_STATE_COMPLETED", "TASK_STATE_FAILED"
 CANCELED, INPUT_REQUIRED, REJECTED = "TASK_STATE_CANCELED", "TASK_STATE_INPUT_REQUIRED", "TASK_STATE_REJECTED"
 AUTH_REQUIRED = "TASK_STATE_AUTH_REQUIRED"
 TERMINAL_STATES = frozenset({COMPLETED, FAILED, CANCELED, REJECTED})
@@ -259,7 +259,8 @@ def _status_text(stop: Mapping[str, Any]) -> tuple[str, dict[str, Any] | None]:
     reason, detail = _reason(stop), str(stop.get("detail") or "")
     if reason == StopReason.WAITING_HUMAN.value:
         pending = [{"call_id": p["call"]["id"], "tool": p["call"]["name"], "arguments": p["call"].get("input"),
-                    "reason": p.get("reason") or "", "allowed_decisions": list(p.get("allowed_decisions") or _DECISIONS)}
+                    "reason": p.get("reason") or "",
+                    "allowed_decisions": list(p.get("allowed_decisions") or _DECISIONS)}
                    for p in stop.get("pending_actions") or ()]
         if pending:
             calls = ", ".join(f"{p['tool']}({p['call_id']}): {'/'.join(p['allowed_decisions'])}" for p in pending)
@@ -467,7 +468,8 @@ def _limits(raw: Any) -> dict[str, Any]:
         types = _LIMITS.get(key)
         if types is None:
             raise RpcError(INVALID_PARAMS, f"{where}.{key} cannot be raised; raise one of: {', '.join(_LIMITS)}")
-        if isinstance(value, bool) or not isinstance(value, types) or not (isinstance(value, (int, float)) and value > 0):
+        positive = isinstance(value, (int, float)) and value > 0
+        if isinstance(value, bool) or not isinstance(value, types) or not positive:
             kind = "a positive integer" if types == (int,) else "a positive number"
             raise RpcError(INVALID_PARAMS, f"{where}.{key} must be {kind}, not {value!r}")
     try:
@@ -716,16 +718,19 @@ class _A2A:
             try:
                 raw = await request.read()
             except web.HTTPRequestEntityTooLarge as e:
-                raise RpcError(INVALID_REQUEST, f"the request body is over the server's limit ({e.text or 'too large'}): "
-                                                "send a smaller message") from e
+                raise RpcError(INVALID_REQUEST, f"the request body is over the server's limit "
+                                                f"({e.text or 'too large'}): send a smaller message") from e
             try:
                 body = orjson.loads(raw) if raw.strip() else None
             except orjson.JSONDecodeError as e:
                 raise RpcError(PARSE_ERROR, f"the body is not valid JSON: {e}") from e
             if body is None:
                 raise RpcError(PARSE_ERROR, "the body is empty: send one JSON-RPC 2.0 request object")
-            if isinstance(body, dict) and (isinstance(body.get("id"), (str, int)) and not isinstance(body.get("id"), bool)):
-                rid = body["id"] if not isinstance(body["id"], str) or len(body["id"]) <= 256 else None
+            if isinstance(body, dict):  # the id to echo when the rest of the envelope is wrong
+                raw_id = body.get("id")
+                if (isinstance(raw_id, int) and not isinstance(raw_id, bool)
+                        or isinstance(raw_id, str) and len(raw_id) <= 256):
+                    rid = raw_id
             rid, method, params = _envelope(body)
             _check_version(request)
             handler = self.methods.get(method)
@@ -1085,7 +1090,8 @@ class _A2A:
         raw = request.headers.get("Last-Event-ID", "").strip()
         if raw:
             if not _SEQ.match(raw) or int(raw) > 2**63 - 1:
-                raise RpcError(INVALID_PARAMS, f"Last-Event-ID must be an event seq (the id: of a frame), not {raw[:40]!r}")
+                raise RpcError(INVALID_PARAMS, "Last-Event-ID must be an event seq (the id: of a frame), "
+                                               f"not {raw[:40]!r}")
             if int(raw) > rec.last_seq:
                 raise RpcError(INVALID_PARAMS, f"Last-Event-ID {raw} is past the end of task {rec.session_id}'s log "
                                                f"(last seq {rec.last_seq}): it comes from another task or server")

@@ -21,7 +21,7 @@ import aiohttp
 import orjson
 import pytest
 
-from a2a_peers import A2A, Live, parse_frames, rpc, sse_frames, user_message
+from a2a_peers import A2A, Live, rpc, sse_frames, user_message
 from fsm_agent import Agent, Middleware, RunConfig, ScriptedProvider, StopRun, tool
 from fsm_agent.errors import InvalidRequestError, ServerError
 from fsm_agent.providers import tool_call_response
@@ -148,7 +148,8 @@ CASES: dict[str, tuple[Any, str, str]] = {
     "paused_budget": (lambda: Agent(ScriptedProvider([tool_call_response(("step", {"n": 1}))], repeat_last=True),
                                     tools=[step], store=MemoryStore(), config=RunConfig(max_iterations=1)),
                       INPUT_REQUIRED, "iterations budget exhausted"),
-    "failed_retryable": (lambda: Agent(ScriptedProvider([ServerError("upstream 503", status=503)]), store=MemoryStore()),
+    "failed_retryable": (lambda: Agent(ScriptedProvider([ServerError("upstream 503", status=503)]),
+                                       store=MemoryStore()),
                          FAILED, "upstream 503"),
     "failed_terminal": (lambda: Agent(ScriptedProvider([InvalidRequestError("bad request: tools[0]", status=400)]),
                                       store=MemoryStore()), FAILED, "bad request"),
