@@ -35,8 +35,12 @@ def absence(kind: str) -> str | None:
     return None
 
 
+NON_ROOT_UID = UIDS[-1]
+"""The uid tests/sandbox/test_not_root.py runs a whole fsm_agent process as (in no sandbox's pool)."""
+
+
 def build(kind: str, **options: Any) -> LocalSandbox:
-    options.setdefault("uids", UIDS[:4] if kind == "bubblewrap" else UIDS[4:])
+    options.setdefault("uids", UIDS[:4] if kind == "bubblewrap" else UIDS[4:7])
     cls = BubblewrapSandbox if kind == "bubblewrap" else SubprocessSandbox
     return cls(**options)
 

@@ -449,7 +449,7 @@ async def test_cancelling_a_run_kills_it_and_cleans_up(make: Make, reachable_dir
 async def test_concurrent_runs_never_share_a_uid(make: Make) -> None:
     """Two sandbox objects on the same two uids, five runs each at once: each run reports its uid and
     the uids of every process it saw, and no two overlapping runs had one uid."""
-    pool = UIDS[:2] if isinstance(make(), BubblewrapSandbox) else UIDS[4:6]
+    pool = UIDS[:2] if isinstance(make(), BubblewrapSandbox) else UIDS[4:6]  # two of the fixture's pool
     a, b = make(uids=pool), make(uids=pool)
     code = "import os, time\nstart = time.time()\ntime.sleep(0.3)\n[os.getuid(), start, time.time()]"
     results = await asyncio.gather(*(sb.run(code) for sb in (a, b) * 5))
