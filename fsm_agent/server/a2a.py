@@ -268,6 +268,8 @@ def _status_text(stop: Mapping[str, Any]) -> tuple[str, dict[str, Any] | None]:
                     'task whose data part is {"decisions": {"CALL_ID": {"decision": "approve"}}} (decision: '
                     'approve, edit with "arguments", reject or respond with "message")',
                     {"pending_approvals": pending})
+        if stop.get("required_decision") == "confirm_cancel":
+            return f"input required: {detail}. Send CancelTask to confirm the cancel", None
         return f"input required: {detail}. Answer with a message to this task", None
     if reason == StopReason.PAUSED_BUDGET.value:
         budget = stop.get("budget") or "a"
@@ -996,6 +998,9 @@ class _A2A:
             if reason == StopReason.WAITING_HUMAN.value else {}
         if msg.decisions is not None and not pending:
             raise RpcError(INVALID_PARAMS, f"task {sid} has no tool call waiting for a decision")
+        if reason == StopReason.WAITING_HUMAN.value and stop.get("required_decision") == "confirm_cancel":
+            raise RpcError(INVALID_PARAMS, f"task {sid} waits for a cancel to be confirmed ({stop.get('detail')}): "
+                                           "send CancelTask to confirm it; a message cannot continue it")
         if pending and msg.decisions is None:
             calls = ", ".join(f"{p['call']['name']}({cid})" for cid, p in pending.items())
             raise RpcError(INVALID_PARAMS, f"task {sid} waits for decisions on tool call(s) {calls}: send a data part "

@@ -35,7 +35,7 @@ from fsm_agent.store import MemoryStore
 from fsm_agent.types import (AssistantMessage, MessageResponse, ModelStopReason, StopReason, TextBlock,
                              ToolResultMessage)
 
-from .common import RAN, approval_agent
+from .common import RAN, approval_agent, send_mail
 
 CANCELED = "TASK_STATE_CANCELED"
 GATE: dict[str, Any] = {}
@@ -224,6 +224,26 @@ async def test_cancel_task_ends_a_task_that_waits_for_input() -> None:
         assert out["status"]["state"] == CANCELED, out["status"]
         assert RAN == []  # the pending call never ran
         assert (await live.app[STORE_KEY].get_session(tid)).state == "CANCELLED"
+
+
+async def test_a_cancel_waiting_on_side_effects_is_confirmed_by_cancel_task() -> None:
+    """A cancel (from the REST route) after a side effect without compensation stops WAITING_HUMAN
+    to be confirmed: the task says to send CancelTask, a message is refused, CancelTask confirms."""
+    agent = Agent(ScriptedProvider([tool_call_response(("send_mail", {"to": "x@y"})),
+                                    tool_call_response(("wait_here", {}))]),
+                  tools=[send_mail, wait_here], store=MemoryStore(), control_poll=0.05)
+    async with serve(agent) as live, aiohttp.ClientSession() as cs:
+        tid = (await send(cs, live.rpc_url, "mail then wait", "m-cc", immediately=True))["id"]
+        await asyncio.wait_for(GATE["started"].wait(), 10)
+        async with cs.post(f"{live.base}/sessions/{tid}/control", json={"kind": "cancel"}) as r:
+            assert r.status == 202
+        waiting = await wait_state(cs, live.rpc_url, tid, {INPUT_REQUIRED})
+        assert "Send CancelTask to confirm the cancel" in waiting["status"]["message"]["parts"][0]["text"]
+        refused = await rpc(cs, live.rpc_url, "SendMessage", {"message": user_message("go on", "m-cc2", taskId=tid)})
+        assert refused["error"]["code"] == -32602 and "CancelTask" in refused["error"]["message"]
+        done = (await rpc(cs, live.rpc_url, "CancelTask", {"id": tid}))["result"]
+        assert done["status"]["state"] == CANCELED, done["status"]
+        assert RAN == ["x@y"]  # the side effect happened once, and stays
 
 
 def test_the_mapping_covers_every_stop_reason() -> None:
