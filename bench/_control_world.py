@@ -135,8 +135,8 @@ class World:
         ex.outcome = "ok"
         return value
 
-    def tools(self) -> list[Tool]:
-        """This world's tools (fresh objects: each run has its own)."""
+    def tools(self, names: Sequence[str] | None = None) -> list[Tool]:
+        """This world's tools (fresh objects: each run has its own); ``names``: only these."""
         world = self
 
         async def lookup_order(order_id: str) -> dict[str, Any]:
@@ -276,9 +276,10 @@ class World:
                 "refunds": [dict(r) for r in world.refunds if _norm(r["order_id"]) == _norm(order_id)]})
 
         side = ToolEffect.SIDE_EFFECT
-        return [Tool(lookup_order), Tool(get_rate), Tool(get_price), Tool(calculate), Tool(search_kb),
-                Tool(create_ticket, effect=side), Tool(send_email, effect=side), Tool(issue_refund, effect=side),
-                Tool(find_tickets), Tool(find_emails), Tool(find_refunds)]
+        every = [Tool(lookup_order), Tool(get_rate), Tool(get_price), Tool(calculate), Tool(search_kb),
+                 Tool(create_ticket, effect=side), Tool(send_email, effect=side), Tool(issue_refund, effect=side),
+                 Tool(find_tickets), Tool(find_emails), Tool(find_refunds)]
+        return [t for t in every if names is None or t.name in names]
 
 
 def _norm(s: Any) -> str:
@@ -297,9 +298,16 @@ class Step:
     label: str
     tool: str
     args: Callable[[Results], dict[str, Any]]
+    quote: str
+    """The result field that proves the step done (what a node's answer must quote)."""
     check: tuple[str, Callable[[Results], dict[str, Any]], str] | None = None
     """For a side effect: (the tool that finds it, its arguments, the result list's key): what a
     careful model calls when it does not know whether the effect happened."""
+
+    @property
+    def tools(self) -> tuple[str, ...]:
+        """Tools whose successful result proves this step: its own, and its check tool."""
+        return (self.tool,) if self.check is None else (self.tool, self.check[0])
 
 
 @frozen
@@ -321,6 +329,11 @@ class Task:
     self_retry: bool
     """How the scripted model takes a failed tool call: ``True`` calls it again at once, ``False``
     reports the failure as its answer (and tries again only when told to)."""
+
+    @property
+    def tool_names(self) -> tuple[str, ...]:
+        """The tools offered for this task: those its steps use, and their check tools."""
+        return tuple(dict.fromkeys(name for turn in self.steps for st in turn for name in st.tools))
 
     @property
     def model_calls(self) -> int:
@@ -381,53 +394,53 @@ def _check_ticket(title: str) -> tuple[str, Callable[[Results], dict[str, Any]],
 
 TASKS: tuple[Task, ...] = (
     Task("order_status", "What is the status of order ORD-1001?",
-         ((Step("order", "lookup_order", lambda r: {"order_id": "ORD-1001"}),),),
+         ((Step("order", "lookup_order", lambda r: {"order_id": "ORD-1001"}, "status"),),),
          lambda r: f"Order ORD-1001 is {r['order']['status']}.",
          lambda w: {}, lambda w: ["shipped"], ((("lookup_order",), "status"),), self_retry=True),
     Task("convert", "How much is 250 EUR in USD?",
-         ((Step("rate", "get_rate", lambda r: {"base": "EUR", "quote": "USD"}),),
-          (Step("sum", "calculate", lambda r: {"expression": f"250 * {r['rate']['rate']}"}),)),
+         ((Step("rate", "get_rate", lambda r: {"base": "EUR", "quote": "USD"}, "rate"),),
+          (Step("sum", "calculate", lambda r: {"expression": f"250 * {r['rate']['rate']}"}, "value"),)),
          lambda r: f"250 EUR is {r['sum']['value']:.2f} USD (rate {r['rate']['rate']}).",
          lambda w: {}, lambda w: ["272.50"], ((("calculate",), "value"),), self_retry=False),
     Task("open_ticket", f"Open a high-priority ticket titled '{PRINTER}' and tell me its id.",
-         ((Step("ticket", "create_ticket", lambda r: {"title": PRINTER, "priority": "high"}, _check_ticket(PRINTER)),),),
+         ((Step("ticket", "create_ticket", lambda r: {"title": PRINTER, "priority": "high"}, "ticket_id", _check_ticket(PRINTER)),),),
          lambda r: f"Opened ticket {r['ticket']['ticket_id']}.",
          lambda w: {"ticket:" + _norm(PRINTER): {"priority": "high"}}, lambda w: _ticket_ids(w, PRINTER),
          ((("create_ticket", "find_tickets"), "ticket_id"),), self_retry=True),
     Task("delay_email", "Tell the customer of order ORD-1002 by e-mail that their parcel is delayed.",
-         ((Step("order", "lookup_order", lambda r: {"order_id": "ORD-1002"}),),
+         ((Step("order", "lookup_order", lambda r: {"order_id": "ORD-1002"}, "status"),),
           (Step("mail", "send_email", lambda r: {"to": r["order"]["customer_email"], "subject": DELAY_SUBJECT_2,
-                                                 "body": "We are sorry: your parcel is delayed."},
+                                                 "body": "We are sorry: your parcel is delayed."}, "message_id",
                 ("find_emails", lambda r: {"to": r["order"]["customer_email"], "subject": DELAY_SUBJECT_2}, "emails")),)),
          lambda r: f"E-mailed {r['mail']['to']} (message {r['mail']['message_id']}).",
          lambda w: {f"email:bob@example.com:{_norm(DELAY_SUBJECT_2)}": {"to": "bob@example.com"}},
          lambda w: _mail_ids(w, "bob@example.com"), ((("send_email", "find_emails"), "message_id"),), self_retry=False),
     Task("refund", "Refund order ORD-1003 in full.",
-         ((Step("order", "lookup_order", lambda r: {"order_id": "ORD-1003"}),),
-          (Step("refund", "issue_refund", lambda r: {"order_id": "ORD-1003", "amount": r["order"]["total"]},
+         ((Step("order", "lookup_order", lambda r: {"order_id": "ORD-1003"}, "status"),),
+          (Step("refund", "issue_refund", lambda r: {"order_id": "ORD-1003", "amount": r["order"]["total"]}, "refund_id",
                 ("find_refunds", lambda r: {"order_id": "ORD-1003"}, "refunds")),)),
          lambda r: f"Refunded {r['refund']['amount']:.2f} USD for ORD-1003 (refund {r['refund']['refund_id']}).",
          lambda w: {"refund:ord-1003": {"amount": 129.9}}, lambda w: _refund_ids(w, "ORD-1003"),
          ((("issue_refund", "find_refunds"), "refund_id"),), self_retry=True),
     Task("kb_ticket", "Find our knowledge-base article about password resets and open a normal-priority ticket "
                       "to review it, titled 'Review <article id> (password reset)'.",
-         ((Step("kb", "search_kb", lambda r: {"query": "password reset"}),),
+         ((Step("kb", "search_kb", lambda r: {"query": "password reset"}, "article_id"),),
           (Step("ticket", "create_ticket", lambda r: {"title": f"Review {r['kb']['article_id']} (password reset)",
-                                                      "priority": "normal"}, _check_ticket(KB_TITLE)),)),
+                                                      "priority": "normal"}, "ticket_id", _check_ticket(KB_TITLE)),)),
          lambda r: f"Opened ticket {r['ticket']['ticket_id']} to review {r['kb']['article_id']}.",
          lambda w: {"ticket:" + _norm(KB_TITLE): {"priority": "normal"}}, lambda w: _ticket_ids(w, KB_TITLE),
          ((("create_ticket", "find_tickets"), "ticket_id"),), self_retry=False),
     Task("price_tax", "What do 3 units of SKU-7 cost including 8% tax?",
-         ((Step("price", "get_price", lambda r: {"sku": "SKU-7"}),),
-          (Step("sum", "calculate", lambda r: {"expression": f"3 * {r['price']['unit_price']} * 1.08"}),)),
+         ((Step("price", "get_price", lambda r: {"sku": "SKU-7"}, "unit_price"),),
+          (Step("sum", "calculate", lambda r: {"expression": f"3 * {r['price']['unit_price']} * 1.08"}, "value"),)),
          lambda r: f"3 units of SKU-7 cost {r['sum']['value']:.2f} USD including tax.",
          lambda w: {}, lambda w: ["40.50"], ((("calculate",), "value"),), self_retry=True),
     Task("delayed_order", "Check order ORD-1004. If it is delayed, open a high-priority ticket titled "
                           f"'{DELAY_TITLE}' and e-mail the customer.",
-         ((Step("order", "lookup_order", lambda r: {"order_id": "ORD-1004"}),),
-          (Step("ticket", "create_ticket", lambda r: {"title": DELAY_TITLE, "priority": "high"}, _check_ticket(DELAY_TITLE)),
+         ((Step("order", "lookup_order", lambda r: {"order_id": "ORD-1004"}, "status"),),
+          (Step("ticket", "create_ticket", lambda r: {"title": DELAY_TITLE, "priority": "high"}, "ticket_id", _check_ticket(DELAY_TITLE)),
            Step("mail", "send_email", lambda r: {"to": r["order"]["customer_email"], "subject": DELAY_SUBJECT_4,
-                                                 "body": "We are sorry: your parcel is delayed."},
+                                                 "body": "We are sorry: your parcel is delayed."}, "message_id",
                 ("find_emails", lambda r: {"to": r["order"]["customer_email"], "subject": DELAY_SUBJECT_4}, "emails")))),
          lambda r: (f"ORD-1004 is delayed: opened ticket {r['ticket']['ticket_id']} and e-mailed "
                     f"{r['mail']['to']} (message {r['mail']['message_id']})."),
@@ -444,7 +457,7 @@ SYSTEM_PROMPT = ("You are a support agent with tools for orders, tickets, e-mail
 
 
 # -- the scripted model -----------------------------------------------------------------------------------------
-FEEDBACK_MARKERS = ("did not pass verification", "failed its acceptance check", "replan")
+FEEDBACK_MARKERS = ("did not pass verification", "did not pass its check")
 """Words of a feedback message (the verifier's, a plan node's check): the scripted model treats a user
 message holding one of them, after a failed call, as being told to try again."""
 
@@ -482,10 +495,19 @@ def scripted_reply(messages: list[dict[str, Any]]) -> Reply:
     ``tool`` messages. Its one judgement call, a failed tool call, follows the task's ``self_retry``;
     a call it saw cut while running (``unknown``), or a side effect that timed out, it first looks
     up with the step's check tool, as a careful model would, and redoes only when nothing is found.
+
+    Under a plan (the PlanAct plugin's note "Current step sK" in the system message) it works only
+    the steps of node ``sK`` and answers with their results; it answers the planner and the
+    replanner (recognised by their system prompts) with the task's plan.
     """
+    system = _content(messages[0]) if messages and messages[0].get("role") == "system" else ""
+    if system.startswith(("Split the TASK", "A step of the plan")):
+        return _plan_reply(system, _content(messages[-1]))
     task = next((BY_PROMPT.get(_content(m)) for m in messages if m.get("role") == "user"), None)
     if task is None:
         return text("I cannot help with that.", **_PACE)
+    node = re.search(r"Current step s(\d+):", system)
+    upto = int(node.group(1)) if node else None
     n = sum(1 for m in messages if m.get("role") == "assistant")
     attempts: dict[str, list[tuple[int, str, Any]]] = {}  # label -> [(message index, status, value)]
     labels: dict[str, str] = {}
@@ -502,7 +524,7 @@ def scripted_reply(messages: list[dict[str, Any]]) -> Reply:
             feedback_at.append(i)
 
     results: Results = {}
-    for turn in task.steps:
+    for turn in task.steps[:upto]:
         todo: list[tuple[str, str, dict[str, Any]]] = []
         for step in turn:
             tries = attempts.get(step.label, [])
@@ -535,7 +557,49 @@ def scripted_reply(messages: list[dict[str, Any]]) -> Reply:
         if todo:
             return calls(*((f"{label}-{n}", tool, args) for label, tool, args in todo),
                          text=f"Next: {', '.join(t for _, t, _ in todo)}.", **_PACE)
+    if upto is not None and upto <= len(task.steps):
+        done = task.steps[upto - 1]
+        return text("Done: " + "; ".join(f"{st.label} {_quoted(results[st.label][st.quote])}" for st in done) + ".",
+                    **_PACE)
     return text(task.answer(results), **_PACE)
+
+
+def _quoted(value: Any) -> str:
+    return f"{value:.2f}" if isinstance(value, float) else str(value)
+
+
+def task_plan(task: Task) -> list[dict[str, Any]]:
+    """The plan the scripted planner writes for ``task``: a node per turn of tool calls (checked by
+    the check named after its first step), then a node that answers (checked by the task's rule)."""
+    nodes = []
+    for k, turn in enumerate(task.steps, 1):
+        nodes.append({"id": f"s{k}", "goal": "Call " + " and ".join(st.tool for st in turn) + " for the task",
+                      "depends_on": [f"s{k - 1}"] if k > 1 else [],
+                      "acceptance": "The result gives the " + " and the ".join(st.quote for st in turn),
+                      "check": "_".join(st.label for st in turn)})
+    k = len(task.steps) + 1
+    nodes.append({"id": f"s{k}", "goal": "Answer the user", "depends_on": [f"s{k - 1}"],
+                  "acceptance": "The answer quotes the ids and values the tools returned", "check": None})
+    return nodes
+
+
+def _plan_reply(system: str, body: str) -> Reply:
+    """The scripted planner (or replanner): the task's plan, less the nodes the request lists as done."""
+    goal = body.split("\n", 1)[0].removeprefix("TASK: ").strip()
+    task = BY_PROMPT.get(goal)
+    if task is None:
+        return text('{"nodes": [{"id": "s1", "goal": "Answer", "depends_on": [], "acceptance": "an answer", '
+                    '"check": null}]}', **_PACE)
+    nodes = task_plan(task)
+    if system.startswith("A step of the plan"):
+        section, done = "", set()
+        for line in body.splitlines():
+            if line.endswith(":") or line.startswith(("DONE", "FAILED", "NOT STARTED")):
+                section = line.split(":")[0]
+            elif section == "DONE" and line.startswith("- "):
+                done.add(line[2:].split(":", 1)[0])
+        nodes = [nd for nd in nodes if nd["id"] not in done]
+    return text(orjson.dumps({"nodes": nodes}).decode(), **_PACE)
 
 
 _PACE = {"delay": 0.03, "pieces": 4, "chunk_delay": 0.02}
@@ -543,14 +607,20 @@ _PACE = {"delay": 0.03, "pieces": 4, "chunk_delay": 0.02}
 can be cut, or interrupted, in the middle)."""
 
 
-# -- the acceptance check (what the runtime's verifier is given) -----------------------------------------------------
-def grounded_problems(task: Task, results: Sequence[tuple[str, str, bool]], answer: str) -> list[str]:
+# -- the acceptance checks (what the runtime's verifier is given) -----------------------------------------------
+Requirement = tuple[tuple[str, ...], str]
+"""(tools whose successful result may carry it, field): the answer must quote that field's value."""
+
+
+def grounded_problems(requirements: Sequence[Requirement], results: Sequence[tuple[str, str, bool]],
+                      answer: str) -> list[str]:
     """Why ``answer`` is not backed by the run's successful tool results, or ``[]``.
 
-    ``results``: ``(tool name, result text, is_error)`` in transcript order.
+    ``results``: ``(tool name, result text, is_error)`` in transcript order. These checks read the
+    transcript only, never the world: they are what a developer can give the runtime.
     """
     problems = []
-    for tools, fieldname in task.grounded:
+    for tools, fieldname in requirements:
         values: list[str] = []
         for name, content, is_error in results:
             if name not in tools or is_error:
@@ -560,11 +630,15 @@ def grounded_problems(task: Task, results: Sequence[tuple[str, str, bool]], answ
                 continue
             for item in [value, *[x for v in value.values() if isinstance(v, list) for x in v if isinstance(x, dict)]]:
                 if fieldname in item:
-                    v = item[fieldname]
-                    values.append(f"{v:.2f}" if isinstance(v, float) else str(v))
+                    values.append(_quoted(item[fieldname]))
         if not values:
             problems.append(f"no successful {' or '.join(tools)} result gives the {fieldname}")
         elif not any(v.lower() in answer.lower() for v in values):
             problems.append(f"the answer does not quote the {fieldname} ({', '.join(values)}) that "
                             f"{' or '.join(tools)} returned")
     return problems
+
+
+def node_checks(task: Task) -> dict[str, tuple[Requirement, ...]]:
+    """The plan's named checks for ``task``: one per turn of tool calls, named after its steps' labels."""
+    return {"_".join(st.label for st in turn): tuple((st.tools, st.quote) for st in turn) for turn in task.steps}

@@ -76,11 +76,11 @@ sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
 import orjson  # noqa: E402
-from aiohttp import ClientSession, ClientTimeout, web  # noqa: E402
+from aiohttp import ClientSession, ClientTimeout, TCPConnector, web  # noqa: E402
 from attrs import define, field, frozen  # noqa: E402
 
 from _common import REPO, machine, median, pct, say, table, write_results  # noqa: E402
-from _control_world import SYSTEM_PROMPT, TASKS, Task, World, grounded_problems  # noqa: E402
+from _control_world import SYSTEM_PROMPT, TASKS, Task, World, grounded_problems, node_checks  # noqa: E402
 from fsm_agent import (  # noqa: E402
     Agent,
     MessageRequest,
@@ -97,6 +97,7 @@ from fsm_agent import (  # noqa: E402
 )
 from fsm_agent.errors import FsmAgentError, ProviderError, ResumeError  # noqa: E402
 from fsm_agent.providers import Provider, ProviderConfig  # noqa: E402
+from fsm_agent.providers.constrained import SCHEMA_NAME  # noqa: E402
 from fsm_agent.testing._loopback import serve_on_loopback  # noqa: E402
 from fsm_agent.testing.strict import StrictServer  # noqa: E402
 from fsm_agent.tools.execution import result_blocks  # noqa: E402
@@ -105,7 +106,9 @@ from fsm_agent_middleware.retry import RetryFallback  # noqa: E402
 from fsm_agent_middleware.tool_policy import ToolPolicy  # noqa: E402
 from fsm_agent_middleware.verifier import Verdict, Verifier  # noqa: E402
 
-MODES = ("model only", "runtime control")
+MODES = ("model only", "runtime control", "runtime control, verifier only")
+"""Every mode, in table order; ``--modes`` picks which run (default: the first two)."""
+MODE_NAMES = dict(zip(("model", "control", "verifier"), MODES))
 FAULTS = ("tool_timeout", "interrupt", "sse_drop")
 COMBOS: tuple[tuple[str, ...], ...] = (("tool_timeout",), ("interrupt",), ("sse_drop",), FAULTS)
 """Run ``k`` of a task gets ``COMBOS[(task index + k) % 4]``: every task meets every combination."""
@@ -213,6 +216,9 @@ class Tap:
 
     injector: Injector | None
     requests: int = 0
+    """Every request (planner, replanner and grader calls included)."""
+    turns: int = 0
+    """Requests of the agent's loop: what the fault schedule counts."""
     completed: int = 0
     tokens: int = 0
     dropped: int = 0
@@ -234,7 +240,10 @@ class FaultProxy:
         app = web.Application()
         app.router.add_post("/r/{run}/v1/chat/completions", self._handle)
         self._runner, self.base = await serve_on_loopback(app)
-        self._session = ClientSession(timeout=ClientTimeout(total=None, sock_read=900))
+        # a fresh upstream connection per request: a pooled connection the server has closed would
+        # fail a request that no fault was scheduled for
+        self._session = ClientSession(timeout=ClientTimeout(total=None, sock_read=900),
+                                      connector=TCPConnector(force_close=True))
 
     async def close(self) -> None:
         if self._session is not None:
@@ -250,7 +259,10 @@ class FaultProxy:
         tap = self.taps[request.match_info["run"]]
         body = await request.read()
         tap.requests += 1
-        fault = tap.injector.model_fault(tap.requests) if tap.injector is not None else None
+        fault = None
+        if _is_turn(body):  # faults land on the agent's own turns, which both modes make
+            tap.turns += 1
+            fault = tap.injector.model_fault(tap.turns) if tap.injector is not None else None
         assert self._session is not None
         async with self._session.post(self.upstream + "/v1/chat/completions", data=body,
                                       headers={"Content-Type": "application/json"}) as up:
@@ -290,6 +302,20 @@ class FaultProxy:
             except (ConnectionError, RuntimeError):  # the client went away (an interrupt, a cancel)
                 pass
             return resp
+
+
+def _is_turn(body: bytes) -> bool:
+    """A request of the agent's loop (it offers tools: natively, or as the constrained tool schema),
+    not a planner, replanner or grader call."""
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return False
+    if not isinstance(data, dict):
+        return False
+    fmt = data.get("response_format") or {}
+    name = (fmt.get("json_schema") or {}).get("name") if isinstance(fmt, dict) else None
+    return bool(data.get("tools")) or name == SCHEMA_NAME
 
 
 def _usage(blob: bytes) -> int:
@@ -350,7 +376,7 @@ async def _call_tool(tools: dict[str, Tool], call: ToolUseBlock) -> ToolResultMe
 
 
 async def model_only(task: Task, provider: Provider, world: World, inj: Injector, s: Settings) -> dict[str, Any]:
-    tools = {t.name: t for t in world.tools()}
+    tools = {t.name: t for t in world.tools(task.tool_names)}
     answer: str | None = None
     failures: list[str] = []
     attempts = 0
@@ -381,38 +407,80 @@ async def model_only(task: Task, provider: Provider, world: World, inj: Injector
             "actions": {"restarts from scratch": attempts - 1}}
 
 
+def _tool_results(ctx: Any) -> list[tuple[str, str, bool]]:
+    return [(m.name or "", m.text, m.is_error) for m in ctx.transcript if isinstance(m, ToolResultMessage)]
+
+
+def _verdict(problems: list[str]) -> Verdict:
+    return Verdict(not problems, "; ".join(problems) + ("; call the tool again and answer with what it returns"
+                                                        if problems else ""))
+
+
 def acceptance(task: Task) -> Callable[[Any], Verdict]:
     """The verifier's check: the answer quotes values from this run's successful tool results."""
 
     def check(ctx: Any) -> Verdict:
-        results = [(m.name or "", m.text, m.is_error) for m in ctx.transcript if isinstance(m, ToolResultMessage)]
         answer = ctx.last_response.text if ctx.last_response is not None else ""
-        problems = grounded_problems(task, results, answer)
-        return Verdict(not problems, "; ".join(problems) + ("; call the tool again and answer with what it returns"
-                                                            if problems else ""))
+        return _verdict(grounded_problems(task.grounded, _tool_results(ctx), answer))
 
     return check
 
 
-def control_middleware(task: Task) -> list[Any]:
-    """The runtime's control, outermost first."""
+def plan_checks(task: Task) -> tuple[dict[str, Callable[[Any, Any], Verdict | None]], Callable[[Any, Any], Any]]:
+    """PlanAct's checks for ``task``: (named node checks, the check of nodes that name none)."""
+    named: dict[str, Callable[[Any, Any], Verdict | None]] = {}
+    for name, reqs in node_checks(task).items():
+        def check(ctx: Any, node: Any, reqs: Any = reqs) -> Verdict:
+            answer = ctx.last_response.text if ctx.last_response is not None else ""
+            return _verdict(grounded_problems(reqs, _tool_results(ctx), answer))
+
+        check.__doc__ = "the step's answer quotes " + " and ".join(
+            f"the {field} from a successful {' or '.join(tools)} result" for tools, field in reqs)
+        named[name] = check
+
+    def last_node(ctx: Any, node: Any) -> Verdict | None:
+        """The last open node: the whole task's acceptance rule; any other node: no opinion."""
+        plan = ctx.plan
+        if plan is not None and any(n.status.open and n.id != node.id for n in plan.nodes):
+            return None
+        return acceptance(task)(ctx)
+
+    return named, last_node
+
+
+CONTROLS = {
+    "runtime control": "PlanAct (planner, programmatic node checks, replanner) + retry, policy, tool timeout, ledger",
+    "runtime control, verifier only": "Verifier (the task's acceptance rule) + retry, policy, tool timeout, ledger",
+}
+
+
+def control_middleware(task: Task, mode: str) -> list[Any]:
+    """The runtime's control for ``mode``, outermost first. Without the planact plugin installed,
+    ``runtime control`` falls back to the verifier-only stack (said in the results' settings)."""
     stack: list[Any] = [RetryFallback(initial_delay=0.2, max_delay=2.0), *default_middleware(),
                         ToolPolicy.from_dict(POLICY, source="bench policy")]
-    planact = _planact(task)
+    planact = _planact_class() if mode == "runtime control" else None
     if planact is not None:
-        stack.append(planact)
-    stack.append(Verifier(acceptance(task), max_rejections=2, on_exhausted="human"))
+        checks, general = plan_checks(task)
+        # the node checks are the verifier here: the Verifier plugin would decide every answer turn
+        # first (post_turn: the first decision wins), so it cannot sit beside PlanAct
+        stack.append(planact(checks=checks, check=general, grade=False, max_replans=3, on_exhausted="human"))
+    else:
+        stack.append(Verifier(acceptance(task), max_rejections=2, on_exhausted="human"))
     return stack
 
 
-def _planact(task: Task) -> Any:
-    """The planact plugin's planner and replanner, when it is installed (issue 12, in progress)."""
-    return None
+def _planact_class() -> Any:
+    try:
+        from fsm_agent_middleware.planact import PlanAct
+    except ImportError:  # the plugin is not installed in this tree
+        return None
+    return PlanAct
 
 
-async def runtime_control(task: Task, provider: Provider, world: World, inj: Injector, s: Settings,
+async def runtime_control(mode: str, task: Task, provider: Provider, world: World, inj: Injector, s: Settings,
                           store: SQLiteStore, sid: str) -> dict[str, Any]:
-    agent = Agent(provider, tools=world.tools(), system_prompt=SYSTEM_PROMPT, middleware=control_middleware(task),
+    agent = Agent(provider, tools=world.tools(task.tool_names), system_prompt=SYSTEM_PROMPT, middleware=control_middleware(task, mode),
                   store=store, control_poll=0.05,
                   config=RunConfig(max_iterations=s.max_turns, tool_timeout=s.tool_timeout,
                                    max_output_tokens=s.max_output_tokens, temperature=s.temperature))
@@ -423,8 +491,10 @@ async def runtime_control(task: Task, provider: Provider, world: World, inj: Inj
     while (result.stop.reason is not StopReason.COMPLETED and result.stop.resumable
            and attempts < s.user_attempts):
         attempts += 1
+        # a budget stop gets another attempt's worth of model calls, as the model-only user's restart does
+        more = ({"max_iterations": s.max_turns * attempts} if result.stop.reason is StopReason.PAUSED_BUDGET else {})
         try:
-            result = await agent.resume(sid)
+            result = await agent.resume(sid, **more)
         except ResumeError as exc:
             stops.append(f"resume refused: {exc}")
             break
@@ -434,6 +504,12 @@ async def runtime_control(task: Task, provider: Provider, world: World, inj: Inj
     counts: dict[str, int] = {}
     for e in await store.read_events(sid):
         counts[e.type] = counts.get(e.type, 0) + 1
+        if e.type == "plan_updated":
+            reason = str(e.payload.get("reason", ""))
+            for name, hit in (("plan node checks failed", " failed its check: " in reason and reason.startswith("node")),
+                              ("replans", reason.startswith("replanned")), ("plans made", reason.startswith("planned"))):
+                if hit:
+                    actions[name] = actions.get(name, 0) + 1
         msg = e.payload.get("message") if e.type == "message" else None
         if not isinstance(msg, dict):
             continue
@@ -472,7 +548,7 @@ async def one_run(mode: str, task: Task, plan: FaultPlan | None, s: Settings, pr
             else:
                 store = SQLiteStore(str(work / f"{run_id}.db"))
                 try:
-                    out = await runtime_control(task, provider, world, inj or Injector(FaultPlan(())), s, store, run_id)
+                    out = await runtime_control(mode, task, provider, world, inj or Injector(FaultPlan(())), s, store, run_id)
                 finally:
                     await store.close()
     except TimeoutError:
@@ -508,7 +584,7 @@ def _plain(obj: Any) -> Any:
 
 # -- the whole bench -------------------------------------------------------------------------------------------
 async def bench(provider_kind: str, tasks: Sequence[Task], repeats: int, s: Settings, seed: int, upstream: str,
-                model: str, work: Path, concurrency: int, clean: bool = True,
+                model: str, work: Path, concurrency: int, modes: Sequence[str], clean: bool = True,
                 progress: Callable[[str], None] = say) -> list[dict[str, Any]]:
     """Every task x repeat under faults, plus (``clean``) one fault-free run per task, in both modes."""
     proxy = FaultProxy(upstream)
@@ -517,11 +593,11 @@ async def bench(provider_kind: str, tasks: Sequence[Task], repeats: int, s: Sett
     for ti, task in enumerate(tasks):
         calls, execs = (task.model_calls, task.tool_calls) if provider_kind == "scripted" else (2, 1)
         if clean:
-            for mode in MODES:
+            for mode in modes:
                 jobs.append((mode, task, None, f"{provider_kind[0]}-clean-{task.name}-{MODES.index(mode)}"))
         for r in range(repeats):
             plan = draw_plan(ti, r, seed, calls, execs)
-            for mode in MODES:
+            for mode in modes:
                 jobs.append((mode, task, plan, f"{provider_kind[0]}-{task.name}-{r}-{MODES.index(mode)}"))
     records: list[dict[str, Any]] = []
     sem = asyncio.Semaphore(concurrency)
@@ -558,7 +634,7 @@ def summarize(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         rs = [r for r in records if r["provider"] == prov and r["mode"] == mode and _label(r) == label]
         rows.append(_row(prov, mode, label, rs))
     for prov in dict.fromkeys(r["provider"] for r in records):
-        for mode in MODES:
+        for mode in [m for m in MODES if any(r["mode"] == m for r in records)]:
             rs = [r for r in records if r["provider"] == prov and r["mode"] == mode and r["plan"] is not None]
             if rs:
                 rows.append(_row(prov, mode, "all faulted runs", rs))
@@ -592,7 +668,7 @@ def action_rows(records: Sequence[dict[str, Any]]) -> list[list[Any]]:
     """What each mode did about the faults, summed per provider: (provider, mode, action, count)."""
     out: list[list[Any]] = []
     for prov in dict.fromkeys(r["provider"] for r in records):
-        for mode in MODES:
+        for mode in [m for m in MODES if any(r["mode"] == m for r in records)]:
             total: dict[str, int] = {}
             for r in records:
                 if r["provider"] == prov and r["mode"] == mode and r["plan"] is not None:
@@ -621,20 +697,22 @@ def plot(rows: Sequence[dict[str, Any]], path: Path) -> None:
 
     provs = list(dict.fromkeys(r["provider"] for r in rows))
     fig, axes = plt.subplots(len(provs), 3, figsize=(15, 4.2 * len(provs)), squeeze=False)
-    colors = {"model only": "#b91c1c", "runtime control": "#15803d"}
+    colors = {"model only": "#b91c1c", "runtime control": "#15803d", "runtime control, verifier only": "#65a30d"}
     for pi, prov in enumerate(provs):
         pr = [r for r in rows if r["provider"] == prov]
         labels = list(dict.fromkeys(r["faults"] for r in pr))
         x = range(len(labels))
-        for mi, mode in enumerate(MODES):
+        modes = [m for m in MODES if any(r["mode"] == m for r in pr)]
+        width = 0.8 / len(modes)
+        for mi, mode in enumerate(modes):
             by = {r["faults"]: r for r in pr if r["mode"] == mode}
-            off = [i + (mi - 0.5) * 0.38 for i in x]
-            axes[pi][0].bar(off, [100 * by[lb]["success_rate"] if lb in by else 0 for lb in labels], 0.38,
+            off = [i + (mi - (len(modes) - 1) / 2) * width for i in x]
+            axes[pi][0].bar(off, [100 * by[lb]["success_rate"] if lb in by else 0 for lb in labels], width,
                             color=colors[mode], label=mode)
-            axes[pi][1].bar(off, [by[lb]["duplicates"] if lb in by else 0 for lb in labels], 0.38, color=colors[mode])
+            axes[pi][1].bar(off, [by[lb]["duplicates"] if lb in by else 0 for lb in labels], width, color=colors[mode])
             med = [by[lb]["recovery_median_s"] or 0 if lb in by else 0 for lb in labels]
             p90 = [by[lb]["recovery_p90_s"] or 0 if lb in by else 0 for lb in labels]
-            axes[pi][2].bar(off, med, 0.38, color=colors[mode])
+            axes[pi][2].bar(off, med, width, color=colors[mode])
             axes[pi][2].errorbar(off, med, yerr=[[0] * len(med), [max(0.0, b - a) for a, b in zip(med, p90)]],
                                  fmt="none", ecolor="#333", capsize=3)
         for ai, title in enumerate(("success rate (%)", "duplicate side effects (count)",
@@ -657,7 +735,10 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     started = time.monotonic()
     work = Path(tempfile.mkdtemp(prefix="fsm-cvm-"))
     records: list[dict[str, Any]] = []
-    settings: dict[str, Any] = {}
+    settings: dict[str, Any] = {"modes": {m: CONTROLS.get(m, "a bare ReAct loop (naive_attempt)") for m in args.modes},
+                                "planact": _planact_class() is not None}
+    if not settings["planact"]:
+        say("the planact plugin is not installed: 'runtime control' uses the verifier-only stack")
     try:
         if not args.no_scripted:
             s = Settings("scripted", wall=args.wall, tool_timeout=args.tool_timeout, user_attempts=args.user_attempts,
@@ -668,7 +749,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             try:
                 say(f"scripted: {len(TASKS)} tasks x {args.repeats} repeats x 2 modes (+ a fault-free run each)")
                 records += await bench("scripted", TASKS, args.repeats, s, args.seed, server.base_url, "scripted",
-                                       work, args.concurrency)
+                                       work, args.concurrency, args.modes)
             finally:
                 await server.close()
             if server.rejected:
@@ -701,8 +782,8 @@ def _script(messages: list[dict[str, Any]]) -> Any:
 async def run_local(args: argparse.Namespace, work: Path, settings: dict[str, Any]) -> list[dict[str, Any]]:
     from fsm_agent.local import LocalLlamaServer
 
-    tasks = [t for t in TASKS if t.name in LOCAL_TASKS][: 3 if args.quick else None]
-    s = Settings("local", wall=args.local_wall, tool_timeout=args.tool_timeout, user_attempts=args.user_attempts,
+    tasks = [t for t in TASKS if t.name in LOCAL_TASKS][: 2 if args.quick else None]
+    s = Settings("local", wall=args.local_wall, tool_timeout=args.tool_timeout, user_attempts=args.local_user_attempts,
                  max_turns=args.local_max_turns, max_output_tokens=160, temperature=0.0, run_limit=600.0)
     settings["local"] = orjson.loads(orjson.dumps(s, default=_plain))
     say(f"local: starting llama.cpp (SmolLM2-135M); {len(tasks)} tasks x {args.local_repeats} repeats x 2 modes")
@@ -711,7 +792,7 @@ async def run_local(args: argparse.Namespace, work: Path, settings: dict[str, An
     try:
         settings["local_model"] = Path(server.model_path).name
         return await bench("local", tasks, args.local_repeats, s, args.seed, server.root_url, "local", work, 1,
-                           clean=not args.quick)
+                           args.modes, clean=not args.quick)
     finally:
         await asyncio.to_thread(server.stop)
 
@@ -750,14 +831,23 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="scripted x1, local on 3 tasks with no fault-free runs")
     p.add_argument("--seed", type=int, default=4)
     p.add_argument("--wall", type=float, default=10.0, help="model only: seconds the user waits for an attempt (scripted)")
-    p.add_argument("--local-wall", type=float, default=120.0, help="model only: the same on the local model")
+    p.add_argument("--local-wall", type=float, default=60.0, help="model only: the same on the local model")
     p.add_argument("--tool-timeout", type=float, default=2.0, help="runtime control: RunConfig.tool_timeout (s)")
     p.add_argument("--user-attempts", type=int, default=5, help="attempts (model only) or runs + resumes (control)")
     p.add_argument("--max-turns", type=int, default=12, help="model calls per attempt / per session (scripted)")
-    p.add_argument("--local-max-turns", type=int, default=6, help="the same on the local model")
+    p.add_argument("--local-max-turns", type=int, default=4, help="the same on the local model")
+    p.add_argument("--local-user-attempts", type=int, default=3, help="--user-attempts on the local model")
     p.add_argument("--concurrency", type=int, default=4, help="scripted runs in flight at once")
     p.add_argument("--no-docs", action="store_true", help="do not rewrite docs/control_vs_model.{md,png}")
+    p.add_argument("--modes", default="model,control",
+                   help="comma-separated modes: model (model only), control (runtime control, with PlanAct), "
+                        "verifier (runtime control with the Verifier and no plan); default model,control")
     args = p.parse_args(argv)
+    names = [m.strip() for m in args.modes.split(",") if m.strip()]
+    unknown = [m for m in names if m not in MODE_NAMES]
+    if unknown or not names:
+        p.error(f"unknown mode(s) {unknown}; choose from {', '.join(MODE_NAMES)}")
+    args.modes = [MODE_NAMES[m] for m in names]
     if args.repeats is None:
         args.repeats = 1 if args.quick else 5
     if args.local_repeats is None:
