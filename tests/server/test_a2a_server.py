@@ -523,6 +523,28 @@ async def test_approvals_answered_by_a_message_resume_the_session_once() -> None
         assert len(resumes) == 1
 
 
+async def test_the_approval_flow_and_a_replay_on_a_sqlite_store(tmp_path: Any) -> None:
+    """The same flow with the log and the decisions in SQLite (payloads read back from JSON)."""
+    from fsm_agent.store import SQLiteStore
+
+    store = SQLiteStore(tmp_path / "a2a.db")
+    async with serve(approval_agent(store)) as live, aiohttp.ClientSession() as cs:
+        task = await send(cs, live.rpc_url, "mail a0", "m-sq")
+        assert task["status"]["state"] == INPUT_REQUIRED
+        assert task["status"]["message"]["parts"][1]["data"]["pending_approvals"][0]["tool"] == "send_mail"
+        answer = {"messageId": "m-sq2", "taskId": task["id"], "role": "ROLE_USER",
+                  "parts": [{"data": {"decisions": {"c0": {"decision": "approve"}}}}]}
+        done = (await rpc(cs, live.rpc_url, "SendMessage", {"message": answer}))["result"]["task"]
+        assert done["status"]["state"] == COMPLETED and RAN == ["a0@x"]
+        frames = await sse_frames(cs, live.rpc_url, "SubscribeToTask", {"id": task["id"]},
+                                  headers={"Last-Event-ID": "0"})
+        states = [f["data"]["result"]["statusUpdate"]["status"]["state"] for f in frames
+                  if "statusUpdate" in f["data"]["result"]
+                  and "metadata" in f["data"]["result"]["statusUpdate"]]
+        assert states == [INPUT_REQUIRED, COMPLETED]  # both stops, replayed from the SQLite log
+    await store.close()
+
+
 async def test_an_answer_that_conflicts_with_a_stored_decision_is_refused_every_time() -> None:
     """A decision for the call is stored (as the approvals route stores one) before the A2A answer:
     a different answer is -32602, and so is its retry: a refused message is not marked applied."""
