@@ -684,8 +684,9 @@ class _Call:
                 if any(h.get("messageId") == self.message_id for h in task.history):
                     return task
                 return None
-            tasks, _ = await self.client.list_tasks(context_id=self.context_id, page_size=1)
-            return tasks[0] if tasks else None
+            tasks, _ = await self.client.list_tasks(context_id=self.context_id, page_size=5)
+            mine = [t for t in tasks if t.context_id == self.context_id]  # a server that ignores the filter
+            return mine[0] if mine else None
         except A2ARemoteError as e:
             if e.code in (METHOD_NOT_FOUND, UNSUPPORTED_OPERATION):
                 self.lookup_supported = False
