@@ -61,21 +61,23 @@ __all__ = ["PACKAGE_SCHEMA", "HandoffResult", "HandoffStep", "Handoffs", "Recove
 PACKAGE_SCHEMA: dict[str, Any] = {
     "type": "object",
     "properties": {
-        "goal": {"type": "string", "minLength": 1, "maxLength": 2000,
+        "goal": {"type": "string", "minLength": 1, "maxLength": 400,
                  "description": "The task as it stands now, for the agent that takes over."},
-        "verified_facts": {"type": "array", "maxItems": 20,
-                           "items": {"type": "string", "minLength": 1, "maxLength": 500},
+        "verified_facts": {"type": "array", "maxItems": 8,
+                           "items": {"type": "string", "minLength": 1, "maxLength": 240},
                            "description": "What is known for sure (checked, not guessed)."},
-        "open_actions": {"type": "array", "maxItems": 20,
-                         "items": {"type": "string", "minLength": 1, "maxLength": 500},
+        "open_actions": {"type": "array", "maxItems": 8,
+                         "items": {"type": "string", "minLength": 1, "maxLength": 240},
                          "description": "What is left to do, in order."},
-        "summary": {"type": "string", "minLength": 1, "maxLength": 1000,
+        "summary": {"type": "string", "minLength": 1, "maxLength": 400,
                     "description": "A short summary of what happened so far."},
     },
     "required": ["goal", "verified_facts", "open_actions", "summary"],
     "additionalProperties": False,
 }
-"""The JSON Schema of a recovery package (the handoff tool's arguments)."""
+"""The JSON Schema of a recovery package (the handoff tool's arguments). Every list and string is
+bounded: a package is a summary, and a small model writing under a grammar cannot run on until its
+output limit cuts the JSON."""
 
 
 @frozen

@@ -66,12 +66,13 @@ __all__ = ["STOP_RESULTS", "agent_tool", "checked_limits", "sub_agent_result", "
 
 TASK_PARAMETERS: dict[str, Any] = {
     "type": "object",
-    "properties": {"task": {"type": "string", "description": (
+    "properties": {"task": {"type": "string", "minLength": 1, "maxLength": 2000, "description": (
         "The task for the sub-agent, with everything it needs to know: it does not see this conversation.")}},
     "required": ["task"],
     "additionalProperties": False,
 }
-"""The default arguments of an agent tool: one ``task`` string."""
+"""The default arguments of an agent tool: one ``task`` string (1 to 2,000 characters: bounded, so that
+a small model writing under a grammar cannot run on until its output limit)."""
 
 STOP_RESULTS: Mapping[StopReason, str] = {
     StopReason.COMPLETED: "the answer (text, or the structured answer as JSON)",

@@ -25,6 +25,9 @@ budget), whose turns are:
 4. **the verification**: ``verify(answer, outcomes)`` (optional) checks it; a failed check gets one
    more turn with the reason, then the team stops FAILED_TERMINAL (``verification_failed``).
 
+An answer before the split (a forced call cut at the output token limit reads as text) does not
+complete the team: the leader is asked again, within its own budget (PAUSED_BUDGET when it runs out).
+
 **A worker's failure** (see also ``docs/multi-agent.md``):
 
 * a worker that stops FAILED_RETRYABLE is resumed (its own session: nothing it did runs again) up
@@ -269,8 +272,15 @@ class _TeamControl(Middleware):
             if result is not None and result.is_error and (result.metadata or {}).get("error") == "merge_rule":
                 raise StopRun(StopReason.FAILED_TERMINAL.value, f"the merge rule failed the team: {result.text[:600]}",
                               error={"kind": "merge_rule", "message": result.text[:2000]})
-        if resp.tool_calls or not self._dispatched(ctx):
+        if resp.tool_calls:
             return None
+        if not self._dispatched(ctx):
+            # the split is required: an answer instead of it (a forced call cut at the output limit
+            # reads as text) does not complete the team; the leader's budget bounds the asking
+            cut = resp.stop_reason.value == "max_tokens"
+            why = "was cut at the output token limit" if cut else "was not a dispatch call"
+            return Continue(UserMessage(f"Your last answer {why}. Split the task with the dispatch tool first: "
+                                        "short subtasks, one per worker."), reason=f"no split yet: the answer {why}")
         outcomes = await self.team.outcomes(ctx.session_id)
         evidence = tuple(f"worker:{o.session_id}" for o in outcomes)
         if self.team.verify is None:
@@ -308,6 +318,7 @@ class Team:
         retries: resumes of a worker that stopped FAILED_RETRYABLE, per dispatch.
         verify: ``verify(answer, outcomes) -> None | str`` (may be async): checks the merged answer.
         instructions: put before the leader's system prompt (default :data:`TEAM_PROMPT`).
+        max_task_chars: longest subtask, in characters (the split's schema bounds it).
 
     Raises:
         ConfigurationError: no worker, agents with different stores, a bad limit, ``max_workers``
@@ -316,7 +327,8 @@ class Team:
 
     def __init__(self, leader: Agent, workers: Agent | Sequence[Agent], *, merge: MergeRule | None = None,
                  max_workers: int = 4, max_parallel: int = 2, worker_limits: Mapping[str, Any] | None = None,
-                 retries: int = 1, verify: Verify | None = None, instructions: str = TEAM_PROMPT) -> None:
+                 retries: int = 1, verify: Verify | None = None, instructions: str = TEAM_PROMPT,
+                 max_task_chars: int = 600) -> None:
         pool = [workers] if isinstance(workers, Agent) else list(workers)
         if not pool:
             raise ConfigurationError("a team needs at least one worker agent")
@@ -326,12 +338,15 @@ class Team:
         if max_workers < 1 or max_parallel < 1:
             raise ConfigurationError(f"max_workers and max_parallel must be at least 1 (got {max_workers}, "
                                      f"{max_parallel})")
+        if max_task_chars < 1:
+            raise ConfigurationError(f"max_task_chars must be at least 1, not {max_task_chars}")
         if retries < 0:
             raise ConfigurationError(f"retries must not be negative, not {retries}")
         self.workers = pool
         self.merge: MergeRule = merge or all_succeed()
         self.max_workers = max_workers
         self.max_parallel = max_parallel
+        self.max_task_chars = max_task_chars
         self.worker_limits = checked_limits(pool[0], worker_limits, "Team worker_limits")
         self.retries = retries
         self.verify = verify
@@ -392,7 +407,7 @@ class Team:
 
         t = Tool(dispatch, name=DISPATCH, description=(
             "Split the task into independent parts, one per worker; the workers run them in parallel and their "
-            "results come back here."), parameters=split_schema(self.max_workers), timeout=None,
+            "results come back here."), parameters=split_schema(self.max_workers, self.max_task_chars), timeout=None,
             effect=ToolEffect.IDEMPOTENT, resumable=True)
 
         @t.on_compensate

@@ -300,3 +300,17 @@ def test_bad_team_configurations_are_refused() -> None:
     with pytest.raises(ConfigurationError, match="max_parallel"):
         Team(leader, Agent(ScriptedProvider([]), store=leader.store), max_parallel=0)
     assert repr(quorum(2)) == "quorum(2)" and repr(all_succeed()) == "all_succeed()"
+
+
+async def test_an_answer_before_the_split_does_not_complete_the_team() -> None:
+    store = MemoryStore()
+    leader_p = ScriptedProvider(["I will just answer", split("a"), "merged a"])
+    team = Team(Agent(leader_p, store=store), Agent(Workers().provider, store=store))
+    result = await team.run("go")
+    assert result.stop.reason is StopReason.COMPLETED and [w.task for w in result.workers] == ["a"]
+    nudge = leader_p.requests[1].messages[-1]
+    assert nudge.role == "user" and "was not a dispatch call. Split the task with the dispatch tool" in nudge.text
+
+    stubborn = Team(Agent(ScriptedProvider(["no"], repeat_last=True), store=store), Agent(Workers().provider, store=store))
+    paused = await stubborn.run("go", max_iterations=2)
+    assert paused.stop.reason is StopReason.PAUSED_BUDGET and paused.workers == ()
