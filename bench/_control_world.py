@@ -48,8 +48,8 @@ EFFECT_LATENCY = 0.4
 leaves an effect whose result never came back."""
 
 
-class Hung(Exception):
-    """Never raised: the marker of a call that hangs (it waits until it is cancelled)."""
+EFFECT_TOOLS = frozenset({"create_ticket", "send_email", "issue_refund"})
+"""The tools with side effects."""
 
 
 @define

@@ -53,7 +53,7 @@ calls (requests that reached the model server, dropped ones included) and tokens
 the server for the calls that completed).
 
     python bench/control_vs_model.py                     # scripted x5 repeats, local x1, writes docs/
-    python bench/control_vs_model.py --quick             # scripted x1, local on 3 tasks
+    python bench/control_vs_model.py --quick             # scripted x1, local on 2 tasks; docs/ left alone
     python bench/control_vs_model.py --repeats 10 --no-local --no-docs
 """
 
@@ -80,7 +80,18 @@ from aiohttp import ClientSession, ClientTimeout, TCPConnector, web  # noqa: E40
 from attrs import define, field, frozen  # noqa: E402
 
 from _common import REPO, machine, median, pct, say, table, write_results  # noqa: E402
-from _control_world import SYSTEM_PROMPT, TASKS, Task, World, grounded_problems, node_checks  # noqa: E402
+from _control_world import (  # noqa: E402
+    EFFECT_LATENCY,
+    EFFECT_TOOLS,
+    PURE_LATENCY,
+    SYSTEM_PROMPT,
+    TASKS,
+    Task,
+    World,
+    grounded_problems,
+    node_checks,
+    scripted_reply,
+)
 from fsm_agent import (  # noqa: E402
     Agent,
     MessageRequest,
@@ -188,9 +199,7 @@ class Injector:
             self.fired["tool_timeout"] = time.monotonic()
             return "hang"
         if p.interrupt_tool is not None and "interrupt" not in self.fired and execution >= p.interrupt_tool[0]:
-            from _control_world import EFFECT_LATENCY, PURE_LATENCY
-
-            latency = EFFECT_LATENCY if tool in ("create_ticket", "send_email", "issue_refund") else PURE_LATENCY
+            latency = EFFECT_LATENCY if tool in EFFECT_TOOLS else PURE_LATENCY
             self.fired["interrupt"] = float("nan")  # armed: the World calls interrupt() after the delay
             return p.interrupt_tool[1] * latency
         return None
@@ -735,7 +744,8 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     started = time.monotonic()
     work = Path(tempfile.mkdtemp(prefix="fsm-cvm-"))
     records: list[dict[str, Any]] = []
-    settings: dict[str, Any] = {"modes": {m: CONTROLS.get(m, "a bare ReAct loop (naive_attempt)") for m in args.modes},
+    settings: dict[str, Any] = {"modes": {m: CONTROLS.get(m, "a bare ReAct loop (naive_attempt)")
+                                          for m in dict.fromkeys([*args.modes, *args.local_modes])},
                                 "planact": _planact_class() is not None}
     if not settings["planact"]:
         say("the planact plugin is not installed: 'runtime control' uses the verifier-only stack")
@@ -744,10 +754,11 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             s = Settings("scripted", wall=args.wall, tool_timeout=args.tool_timeout, user_attempts=args.user_attempts,
                          max_turns=args.max_turns, max_output_tokens=None, temperature=None, run_limit=120.0)
             settings["scripted"] = orjson.loads(orjson.dumps(s, default=_plain))
-            server = StrictServer(_script)
+            server = StrictServer(scripted_reply)
             await server.start()
             try:
-                say(f"scripted: {len(TASKS)} tasks x {args.repeats} repeats x 2 modes (+ a fault-free run each)")
+                say(f"scripted: {len(TASKS)} tasks x {args.repeats} repeats x {len(args.modes)} modes "
+                    "(+ a fault-free run each)")
                 records += await bench("scripted", TASKS, args.repeats, s, args.seed, server.base_url, "scripted",
                                        work, args.concurrency, args.modes)
             finally:
@@ -773,12 +784,6 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     return data
 
 
-def _script(messages: list[dict[str, Any]]) -> Any:
-    from _control_world import scripted_reply
-
-    return scripted_reply(messages)
-
-
 async def run_local(args: argparse.Namespace, work: Path, settings: dict[str, Any]) -> list[dict[str, Any]]:
     from fsm_agent.local import LocalLlamaServer
 
@@ -786,13 +791,14 @@ async def run_local(args: argparse.Namespace, work: Path, settings: dict[str, An
     s = Settings("local", wall=args.local_wall, tool_timeout=args.tool_timeout, user_attempts=args.local_user_attempts,
                  max_turns=args.local_max_turns, max_output_tokens=160, temperature=0.0, run_limit=600.0)
     settings["local"] = orjson.loads(orjson.dumps(s, default=_plain))
-    say(f"local: starting llama.cpp (SmolLM2-135M); {len(tasks)} tasks x {args.local_repeats} repeats x 2 modes")
+    say(f"local: starting llama.cpp (SmolLM2-135M); {len(tasks)} tasks x {args.local_repeats} repeats x "
+        f"{len(args.local_modes)} modes")
     server = LocalLlamaServer(ctx_size=8192)
     await asyncio.to_thread(server.start)
     try:
         settings["local_model"] = Path(server.model_path).name
         return await bench("local", tasks, args.local_repeats, s, args.seed, server.root_url, "local", work, 1,
-                           args.modes, clean=not args.quick)
+                           args.local_modes, clean=not args.quick)
     finally:
         await asyncio.to_thread(server.stop)
 
@@ -828,7 +834,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--local-repeats", type=int, default=None, help="faulted runs per task on the local model (default 1)")
     p.add_argument("--no-local", action="store_true", help="skip the local llama.cpp model")
     p.add_argument("--no-scripted", action="store_true", help="skip the scripted model")
-    p.add_argument("--quick", action="store_true", help="scripted x1, local on 3 tasks with no fault-free runs")
+    p.add_argument("--quick", action="store_true",
+                   help="scripted x1, local on 2 tasks with no fault-free runs; docs/ is left alone")
     p.add_argument("--seed", type=int, default=4)
     p.add_argument("--wall", type=float, default=10.0, help="model only: seconds the user waits for an attempt (scripted)")
     p.add_argument("--local-wall", type=float, default=60.0, help="model only: the same on the local model")
@@ -839,15 +846,20 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--local-user-attempts", type=int, default=3, help="--user-attempts on the local model")
     p.add_argument("--concurrency", type=int, default=4, help="scripted runs in flight at once")
     p.add_argument("--no-docs", action="store_true", help="do not rewrite docs/control_vs_model.{md,png}")
-    p.add_argument("--modes", default="model,control",
-                   help="comma-separated modes: model (model only), control (runtime control, with PlanAct), "
-                        "verifier (runtime control with the Verifier and no plan); default model,control")
+    p.add_argument("--modes", default="model,control,verifier",
+                   help="comma-separated modes on the scripted model: model (model only), control (runtime "
+                        "control, with PlanAct), verifier (runtime control with the Verifier and no plan); "
+                        "default all three")
+    p.add_argument("--local-modes", default="model,control", help="the same on the local model (default model,control)")
     args = p.parse_args(argv)
-    names = [m.strip() for m in args.modes.split(",") if m.strip()]
-    unknown = [m for m in names if m not in MODE_NAMES]
-    if unknown or not names:
-        p.error(f"unknown mode(s) {unknown}; choose from {', '.join(MODE_NAMES)}")
-    args.modes = [MODE_NAMES[m] for m in names]
+    for option in ("modes", "local_modes"):
+        names = [m.strip() for m in getattr(args, option).split(",") if m.strip()]
+        unknown = [m for m in names if m not in MODE_NAMES]
+        if unknown or not names:
+            p.error(f"--{option.replace('_', '-')}: unknown mode(s) {unknown}; choose from {', '.join(MODE_NAMES)}")
+        setattr(args, option, [MODE_NAMES[m] for m in names])
+    if args.quick:
+        args.no_docs = True  # docs/ shows a default-size run
     if args.repeats is None:
         args.repeats = 1 if args.quick else 5
     if args.local_repeats is None:

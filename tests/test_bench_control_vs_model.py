@@ -40,12 +40,12 @@ async def test_quick_scripted_run_injects_faults_and_control_keeps_effects_once(
     finally:
         await server.close()
     assert server.rejected == []
-    by_mode = {m: [r for r in records if r["mode"] == m] for m in ("model only", "runtime control")}
-    assert [len(rs) for rs in by_mode.values()] == [len(TASKS), len(TASKS)]
+    by_mode = {m: [r for r in records if r["mode"] == m] for m in cvm.MODES}
+    assert [len(rs) for rs in by_mode.values()] == [len(TASKS)] * 3
 
     # the same seeded schedule for both modes, task by task
-    plans = {m: {r["task"]: r["plan"] for r in rs} for m, rs in by_mode.items()}
-    assert plans["model only"] == plans["runtime control"]
+    plans = [{r["task"]: r["plan"] for r in rs} for rs in by_mode.values()]
+    assert plans[0] == plans[1] == plans[2]
 
     # every fault kind fired, in both modes
     for mode, rs in by_mode.items():
@@ -58,10 +58,13 @@ async def test_quick_scripted_run_injects_faults_and_control_keeps_effects_once(
     acted = {k for r in control for k, v in r["actions"].items() if v}
     assert {"model retries", "tool timeouts", "resumes"} <= acted, acted
 
-    # the runtime's promises: every run ends correct, and no side effect ran twice
-    assert sum(r["duplicates"] for r in control) == 0
-    assert [r["task"] for r in control if not r["correct"]] == []
-    assert all(r["recovery_s"] is not None for r in control if r["faults"])
+    # the runtime's promises, with PlanAct and with the plain Verifier: every run ends correct, and no
+    # side effect ran twice
+    for controlled in (control, by_mode["runtime control, verifier only"]):
+        assert sum(r["duplicates"] for r in controlled) == 0
+        assert [r["task"] for r in controlled if not r["correct"]] == []
+        assert all(r["recovery_s"] is not None for r in controlled if r["faults"])
+    assert sum(r["actions"].get("plans made", 0) for r in control) == len(TASKS)
 
     rows = cvm.summarize(records)
     total = {r["mode"]: r for r in rows if r["faults"] == "all faulted runs"}
