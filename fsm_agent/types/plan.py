@@ -31,6 +31,7 @@ The rules (:meth:`Plan.problems`, :meth:`Plan.validate`):
 from __future__ import annotations
 
 import enum
+import functools
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -403,10 +404,20 @@ def plan_output_schema(*, name: str = "plan", min_nodes: int = 1, max_nodes: int
             grammar does not bound a tuple by ``minItems``. ``None``: free ids, checked afterwards.
         done: ids of nodes that already passed, which new nodes may depend on (numbered form).
 
+    The result is cached by its arguments (building an :class:`OutputSchema` checks it against
+    the JSON Schema meta-schema, about 25 ms for this one): share it, do not change its dict.
+
     Raises:
         ConfigurationError: ``min_nodes`` < 1, ``max_nodes`` < ``min_nodes``, or fewer ``ids``
             than ``max_nodes``.
     """
+    return _plan_output_schema(name, min_nodes, max_nodes, tuple(checks), max_chars,
+                               None if ids is None else tuple(ids), tuple(done))
+
+
+@functools.lru_cache(maxsize=64)
+def _plan_output_schema(name: str, min_nodes: int, max_nodes: int, checks: tuple[str, ...], max_chars: int | None,
+                        ids: tuple[str, ...] | None, done: tuple[str, ...]) -> OutputSchema:
     from ..errors import ConfigurationError
 
     if min_nodes < 1 or max_nodes < min_nodes:
