@@ -405,7 +405,8 @@ def plan_output_schema(*, name: str = "plan", min_nodes: int = 1, max_nodes: int
         done: ids of nodes that already passed, which new nodes may depend on (numbered form).
 
     The result is cached by its arguments (building an :class:`OutputSchema` checks it against
-    the JSON Schema meta-schema, about 25 ms for this one): share it, do not change its dict.
+    the JSON Schema meta-schema: measured here 6 ms for the free form, 18 ms for the numbered form
+    of 4 nodes): share it, do not change its dict.
 
     Raises:
         ConfigurationError: ``min_nodes`` < 1, ``max_nodes`` < ``min_nodes``, or fewer ``ids``
