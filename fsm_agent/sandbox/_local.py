@@ -489,9 +489,13 @@ class LocalSandbox:
         workdir = tempfile.mkdtemp(prefix=f"fsm-sandbox-{self.NAME}-", dir=self.workdir_root)
         for rel, content in seeded:
             target = os.path.join(workdir, rel)
-            os.makedirs(os.path.dirname(target), exist_ok=True)
-            with open(target, "wb") as fh:
-                fh.write(content)
+            try:
+                os.makedirs(os.path.dirname(target), exist_ok=True)
+                with open(target, "wb") as fh:
+                    fh.write(content)
+            except OSError as exc:
+                _remove(workdir)
+                raise SandboxInputError(f"files: {rel!r} cannot be written into the work dir: {exc.strerror}") from exc
         if uid is not None and self.root:
             for dirpath, dirnames, filenames in os.walk(workdir):
                 for name in dirnames + filenames:
@@ -510,6 +514,8 @@ class LocalSandbox:
         finally:
             if workdir is not None and not self.keep_workdir:
                 await asyncio.shield(asyncio.to_thread(_remove, workdir))
+            elif workdir is not None and uid is not None:
+                os.chown(workdir, 0, 0)  # kept for the caller: later runs as the same uid cannot reach it
             if uid is not None:
                 with _BUSY_LOCK:
                     BUSY_UIDS.discard(uid)

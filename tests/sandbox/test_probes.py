@@ -423,6 +423,16 @@ async def test_each_call_gets_a_fresh_work_dir_that_is_removed(make: Make, reach
     r3 = await kept.run("open('a', 'w').write('1')")
     assert r3.workdir is not None and Path(r3.workdir, "a").read_text() == "1"
     assert r1.workdir is None
+    r4 = await kept.run(f"""
+try:
+    open({str(Path(r3.workdir, "a"))!r}, "w").write("changed by a later run")
+    out = "WRITTEN"
+except OSError as exc:
+    out = type(exc).__name__
+out
+""")
+    assert r4.return_value in ("PermissionError", "FileNotFoundError")  # a kept work dir is the caller's now
+    assert Path(r3.workdir, "a").read_text() == "1"
 
 
 async def test_cancelling_a_run_kills_it_and_cleans_up(make: Make, reachable_dir: Path) -> None:
@@ -508,3 +518,5 @@ async def test_bad_run_arguments_are_refused_before_anything_runs(make: Make) ->
         await sb.run(b"1")  # type: ignore[arg-type]
     with pytest.raises(SandboxInputError, match="timeout must be a positive"):
         await sb.run("1", timeout=0)
+    with pytest.raises(SandboxInputError, match="'a/b' cannot be written into the work dir: File exists"):
+        await sb.run("1", files={"a": "x", "a/b": "y"})
