@@ -108,7 +108,7 @@ class World:
             asyncio.get_running_loop().call_later(float(what), self.interrupt)
         return ex
 
-    async def _pure(self, tool: str, args: dict[str, Any], body: Callable[[], Any]) -> Any:
+    async def _pure(self, tool: str, args: dict[str, Any], body: Callable[[], dict[str, Any]]) -> dict[str, Any]:
         ex = await self._enter(tool, args)
         try:
             await asyncio.sleep(PURE_LATENCY)
@@ -122,7 +122,8 @@ class World:
         ex.outcome = "ok"
         return value
 
-    async def _effect(self, tool: str, args: dict[str, Any], key: str, commit: Callable[[], dict[str, Any]]) -> Any:
+    async def _effect(self, tool: str, args: dict[str, Any], key: str,
+                      commit: Callable[[], dict[str, Any]]) -> dict[str, Any]:
         ex = await self._enter(tool, args)
         try:
             await asyncio.sleep(EFFECT_LATENCY / 2)
@@ -571,7 +572,7 @@ def _quoted(value: Any) -> str:
 def task_plan(task: Task) -> list[dict[str, Any]]:
     """The plan the scripted planner writes for ``task``: a node per turn of tool calls (checked by
     the check named after its first step), then a node that answers (checked by the task's rule)."""
-    nodes = []
+    nodes: list[dict[str, Any]] = []
     for k, turn in enumerate(task.steps, 1):
         nodes.append({"id": f"s{k}", "goal": "Call " + " and ".join(st.tool for st in turn) + " for the task",
                       "depends_on": [f"s{k - 1}"] if k > 1 else [],

@@ -501,7 +501,8 @@ async def runtime_control(mode: str, task: Task, provider: Provider, world: Worl
            and attempts < s.user_attempts):
         attempts += 1
         # a budget stop gets another attempt's worth of model calls, as the model-only user's restart does
-        more = ({"max_iterations": s.max_turns * attempts} if result.stop.reason is StopReason.PAUSED_BUDGET else {})
+        more: dict[str, Any] = ({"max_iterations": s.max_turns * attempts}
+                                if result.stop.reason is StopReason.PAUSED_BUDGET else {})
         try:
             result = await agent.resume(sid, **more)
         except ResumeError as exc:
@@ -775,12 +776,12 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
               title=f"Control vs model ({time.monotonic() - started:.0f} s)"))
     actions = action_rows(records)
     say(table(["provider", "mode", "what happened (faulted runs)", "count"], actions))
-    data = {"machine": machine(), "args": vars(args), "settings": settings, "rows": rows, "actions": actions, "runs": records,
+    data = {"machine": machine(), "args": vars(args), "argv": sys.argv[1:], "settings": settings, "rows": rows, "actions": actions, "runs": records,
             "elapsed_s": round(time.monotonic() - started, 1)}
     path = write_results("control_vs_model", data)
     say(f"\nresults: {path}")
     if not args.no_docs:
-        write_docs(rows, data, args)
+        write_docs(data)
     return data
 
 
@@ -807,25 +808,38 @@ LOCAL_TASKS = ("order_status", "open_ticket", "refund", "delay_email")
 """The local model's tasks: one or two tool steps each."""
 
 
-def write_docs(rows: Sequence[dict[str, Any]], data: dict[str, Any], args: argparse.Namespace) -> None:
+def write_docs(data: dict[str, Any]) -> None:
+    """Write ``docs/control_vs_model.png`` and the results block of ``docs/control_vs_model.md`` (the
+    text between its ``results`` markers; the rest of the page is kept) from one run's data."""
     docs = REPO / "docs"
+    rows = data["rows"]
     plot(rows, docs / "control_vs_model.png")
-    md = docs / "control_vs_model.md"
     say(f"wrote {docs / 'control_vs_model.png'}")
-    body = [table(HEADERS, [row_cells(r) for r in rows])]
-    marker_start, marker_end = "<!-- results:start -->", "<!-- results:end -->"
-    m = data["machine"]
-    stamp = (f"Run of {m['date'][:10]} ({data['elapsed_s']:.0f} s, load {m['loadavg_at_start']}, commit "
-             f"{(m['source'].get('commit') or '?')[:8]}): `{' '.join(sys.argv[1:]) or '(defaults)'}`")
-    block = "\n".join([marker_start, stamp, "", *body, "", "![control vs model](control_vs_model.png)", marker_end])
-    if md.exists() and marker_start in md.read_text():
-        text = md.read_text()
-        pre, rest = text.split(marker_start, 1)
-        post = rest.split(marker_end, 1)[1] if marker_end in rest else ""
-        md.write_text(pre + block + post)
-    else:
-        md.write_text(f"# Control vs model (seed 004 §10)\n\n{block}\n")
+    md = docs / "control_vs_model.md"
+    m, args = data["machine"], data["args"]
+    command = " ".join(data.get("argv") or []) or "(defaults)"
+    stamp = (f"Run of {m['date'][:10]} ({data['elapsed_s'] / 60:.1f} min, load average {m['loadavg_at_start']} at "
+             f"the start, {m['cpus']} cores, commit {(m['source'].get('commit') or '?')[:8]}): "
+             f"`python bench/control_vs_model.py {command}`. Seed {args['seed']}; scripted: {args['repeats']} "
+             f"faulted runs per task and mode, wall limit {args['wall']:g} s, tool timeout {args['tool_timeout']:g} s, "
+             f"{args['user_attempts']} user attempts; local: {args['local_repeats']} faulted run(s) per task and "
+             f"mode, wall limit {args['local_wall']:g} s, {args['local_user_attempts']} user attempts.")
+    acts = data.get("actions") or []
+    block = "\n".join([
+        MARK_START, stamp, "", table(HEADERS, [row_cells(r) for r in rows]), "",
+        "What each mode did about the faults (all faulted runs):", "",
+        table(["provider", "mode", "what happened", "count"], acts), "",
+        "![success rate, duplicate side effects and recovery time per fault set and mode](control_vs_model.png)",
+        MARK_END])
+    text = md.read_text() if md.exists() else f"# Control vs model (seed 004 §10)\n\n{MARK_START}\n{MARK_END}\n"
+    if MARK_START not in text or MARK_END not in text:
+        text += f"\n{MARK_START}\n{MARK_END}\n"
+    pre, rest = text.split(MARK_START, 1)
+    md.write_text(pre + block + rest.split(MARK_END, 1)[1])
     say(f"wrote {md}")
+
+
+MARK_START, MARK_END = "<!-- results:start -->", "<!-- results:end -->"
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -846,6 +860,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--local-user-attempts", type=int, default=3, help="--user-attempts on the local model")
     p.add_argument("--concurrency", type=int, default=4, help="scripted runs in flight at once")
     p.add_argument("--no-docs", action="store_true", help="do not rewrite docs/control_vs_model.{md,png}")
+    p.add_argument("--docs-from", metavar="JSON", help="rewrite the docs from a results file, without running")
     p.add_argument("--modes", default="model,control,verifier",
                    help="comma-separated modes on the scripted model: model (model only), control (runtime "
                         "control, with PlanAct), verifier (runtime control with the Verifier and no plan); "
@@ -868,4 +883,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 if __name__ == "__main__":
-    asyncio.run(main(parse_args()))
+    arguments = parse_args()
+    if arguments.docs_from:
+        write_docs(orjson.loads(Path(arguments.docs_from).read_bytes()))
+    else:
+        asyncio.run(main(arguments))
