@@ -32,7 +32,7 @@ from ..types.messages import AssistantMessage, Message, Usage
 from ..types.run import RunResult, RunStop, StopReason
 from .links import link_child
 
-__all__ = ["cancel_child", "drive_child", "roll_up", "stored_result"]
+__all__ = ["Counted", "cancel_child", "drive_child", "roll_up", "stored_result"]
 
 LEASE_WAIT = 120.0
 """Seconds :func:`drive_child` waits, at most, for another worker's lease of the child to end."""
@@ -103,7 +103,7 @@ async def drive_child(
     limits: Mapping[str, Any] | None = None,
     decision: Decision | None = None,
     ctx: ToolContext | None = None,
-    tool_name: str = "",
+    counted: Counted | None = None,
 ) -> RunResult:
     """Run (or find again) the child session ``child_id`` of ``parent_id`` and return its result.
 
@@ -114,7 +114,8 @@ async def drive_child(
       (``approve``, ``reject``, ``respond``), else its stored result.
 
     With ``ctx`` (the parent's tool call), the child's usage and cost roll up into the parent
-    (:func:`roll_up`) when it stops, and when the call is cancelled.
+    (:func:`roll_up`, with ``counted``: this run of the call's roll-ups so far) when it stops, and
+    when the call is cancelled.
 
     Raises:
         asyncio.CancelledError: the parent's call was cancelled; the child stopped INTERRUPTED first.
@@ -123,6 +124,7 @@ async def drive_child(
         StoreError: the store failed.
     """
     store = agent.store
+    counted = {} if counted is None else counted
     await link_child(store, parent_id, child_id, kind, call_id=call_id, metadata=link_metadata)
     try:
         rec = await store.get_session(child_id)
@@ -152,39 +154,49 @@ async def drive_child(
     except asyncio.CancelledError:
         if ctx is not None:
             try:
-                await asyncio.shield(roll_up(ctx, agent, child_id, tool_name))
+                await asyncio.shield(roll_up(ctx, agent, child_id, counted))
             except Exception:  # noqa: BLE001 - the roll-up is best effort while cancelling
                 pass
         raise
     if ctx is not None:
-        await roll_up(ctx, agent, child_id, tool_name)
+        await roll_up(ctx, agent, child_id, counted, result)
     return result
 
 
-async def roll_up(ctx: ToolContext, agent: Agent, child_id: str, tool_name: str = "") -> None:
+Counted = dict[str, tuple[Usage, float]]
+"""Usage and USD rolled up per child by one run of a tool call (:func:`roll_up`)."""
+
+
+async def roll_up(ctx: ToolContext, agent: Agent, child_id: str, counted: Counted,
+                  result: RunResult | None = None) -> None:
     """Add to the parent's run (``ctx.add_usage``) the child's usage and cost not rolled up before.
 
-    The parent's log is the record of what was counted: the ``usage_rolled_up`` events naming
-    ``child_id``. A child whose cost is unknown makes the parent's cost unknown."""
-    found = await stored_result(agent, child_id)
+    What was counted: the parent's committed log (its ``usage_rolled_up`` events naming
+    ``child_id``, read the first time this run of the call rolls the child up), then ``counted``,
+    where this run of the call keeps its own roll-ups (they reach the log at the parent's next
+    commit). ``result``: the child's result when the caller has it (else it is read from the store).
+    A child whose cost is unknown makes the parent's cost unknown."""
+    found = result if result is not None else await stored_result(agent, child_id)
     if found is None:
         return
-    counted = Usage()
-    counted_cost = 0.0
-    for ev in await agent.store.read_events(ctx.session_id, types=("usage_rolled_up",)):
-        if ev.payload.get("child_session_id") != child_id:
-            continue
-        counted = counted + structure(ev.payload.get("usage") or {}, Usage)
-        counted_cost += float(ev.payload.get("cost_usd") or 0.0)
+    if child_id not in counted:
+        logged, logged_cost = Usage(), 0.0
+        for ev in await agent.store.read_events(ctx.session_id, types=("usage_rolled_up",)):
+            if ev.payload.get("child_session_id") == child_id:
+                logged = logged + structure(ev.payload.get("usage") or {}, Usage)
+                logged_cost += float(ev.payload.get("cost_usd") or 0.0)
+        counted.setdefault(child_id, (logged, logged_cost))
+    before, before_cost = counted[child_id]
     total = found.usage
-    delta = Usage(max(0, total.input_tokens - counted.input_tokens),
-                  max(0, total.output_tokens - counted.output_tokens),
-                  max(0, total.cache_read_tokens - counted.cache_read_tokens),
-                  max(0, total.cache_write_tokens - counted.cache_write_tokens),
-                  max(0, total.reasoning_tokens - counted.reasoning_tokens), total.estimated)
-    cost = None if found.cost_usd is None else max(0.0, found.cost_usd - counted_cost)
-    if delta.total_tokens == 0 and (cost == 0.0):
+    delta = Usage(max(0, total.input_tokens - before.input_tokens),
+                  max(0, total.output_tokens - before.output_tokens),
+                  max(0, total.cache_read_tokens - before.cache_read_tokens),
+                  max(0, total.cache_write_tokens - before.cache_write_tokens),
+                  max(0, total.reasoning_tokens - before.reasoning_tokens), total.estimated)
+    cost = None if found.cost_usd is None else max(0.0, found.cost_usd - before_cost)
+    if delta.total_tokens == 0 and cost == 0.0:
         return
+    counted[child_id] = (before + delta, before_cost + (cost or 0.0))
     ctx.add_usage(delta, cost, child_session_id=child_id)
 
 

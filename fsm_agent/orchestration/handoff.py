@@ -282,7 +282,7 @@ class Handoffs:
             child_id = f"{name}-{ctx.idempotency_key[:20]}"
             result = await drive_child(
                 self.agents[target], child_id, package.message(source), parent_id=ctx.session_id,
-                kind=LinkKind.HANDOFF.value, call_id=ctx.call_id, ctx=ctx, tool_name=name,
+                kind=LinkKind.HANDOFF.value, call_id=ctx.call_id, ctx=ctx,
                 link_metadata={"from": source, "to": target, "hop": hop, "package": package.to_dict()},
                 limits=self.limits[target], decision=ctx.decision)
             stop = result.stop

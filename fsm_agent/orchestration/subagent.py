@@ -198,7 +198,7 @@ def agent_tool(
         result = await drive_child(
             agent, child_id, render(arguments), parent_id=_fsm_context.session_id, kind=LinkKind.AGENT_TOOL.value,
             call_id=_fsm_context.call_id, link_metadata={"tool": name}, limits=run_limits,
-            decision=_fsm_context.decision, ctx=_fsm_context, tool_name=name)
+            decision=_fsm_context.decision, ctx=_fsm_context)
         _fsm_context.report_progress(1, 1, f"sub-agent {name!r} stopped {result.stop.reason.value}")
         return sub_agent_result(result, name=name, structured=output_schema is not None)
 

@@ -65,7 +65,7 @@ from ..tools.registry import Tool, ToolContext, ToolEffect
 from ..types.messages import Message, ToolResultMessage, Usage, UserMessage
 from ..types.requests import MessageRequest, MessageResponse
 from ..types.run import RunResult, RunStop, StopReason
-from ._child import _resume_when_free, cancel_child, drive_child, roll_up, stored_result
+from ._child import Counted, _resume_when_free, cancel_child, drive_child, roll_up, stored_result
 from .subagent import checked_limits, waiting_for
 
 __all__ = [
@@ -364,19 +364,20 @@ class Team:
     def _worker(self, index: int) -> Agent:
         return self.workers[index % len(self.workers)]
 
-    async def _run_worker(self, ctx: ToolContext, index: int, task: str, gate: asyncio.Semaphore) -> WorkerOutcome:
+    async def _run_worker(self, ctx: ToolContext, index: int, task: str, gate: asyncio.Semaphore,
+                          counted: Counted) -> WorkerOutcome:
         async with gate:
             agent = self._worker(index)
             child = _worker_id(ctx, index)
             result = await drive_child(agent, child, task, parent_id=ctx.session_id, kind=LinkKind.WORKER.value,
                                        call_id=ctx.call_id, link_metadata={"index": index, "task": task},
-                                       limits=self.worker_limits, decision=ctx.decision, ctx=ctx, tool_name=DISPATCH)
+                                       limits=self.worker_limits, decision=ctx.decision, ctx=ctx, counted=counted)
             attempts = 1
             while result.stop.reason is StopReason.FAILED_RETRYABLE and attempts <= self.retries:
                 attempts += 1
                 ctx.report_progress(index, None, f"worker {index} failed retryably; attempt {attempts}")
                 result = await _resume_when_free(agent, child)
-                await roll_up(ctx, agent, child, DISPATCH)
+                await roll_up(ctx, agent, child, counted, result)
             return _outcome(index, task, result, attempts)
 
     def _dispatch_tool(self) -> Tool:
@@ -387,8 +388,9 @@ class Team:
             if blank:
                 raise ToolError(f"subtask(s) {blank} are blank; split the task again", kind="invalid_split")
             gate = asyncio.Semaphore(self.max_parallel)
+            counted: Counted = {}
             async with asyncio.TaskGroup() as group:  # a failure (or a cancel) stops every worker
-                running = [group.create_task(self._run_worker(ctx, i, t, gate)) for i, t in enumerate(tasks)]
+                running = [group.create_task(self._run_worker(ctx, i, t, gate, counted)) for i, t in enumerate(tasks)]
             outcomes = [r.result() for r in running]
             waiting = [o for o in outcomes if o.stop is StopReason.WAITING_HUMAN]
             if waiting:

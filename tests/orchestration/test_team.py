@@ -50,6 +50,11 @@ class Workers:
             return ProviderError("this part cannot be done", retryable=False)
         if task.startswith("flaky:") and self.calls[task] == 1:
             return ProviderError("overloaded", retryable=True)
+        if task.startswith("slowflaky:"):  # a tool call (usage), then a retryable failure, then an answer
+            if self.calls[task] == 1:
+                return tool_call_response(("noop", {}))
+            if self.calls[task] == 2:
+                return ProviderError("overloaded", retryable=True)
         last = request.messages[-1]
         if task.startswith("tool:") and not isinstance(last, ToolResultMessage):
             return tool_call_response(("work", {"what": task}))
@@ -157,17 +162,23 @@ async def test_a_custom_merge_rule_sees_every_outcome() -> None:
     assert [(o.index, o.stop) for o in seen[0]] == [(0, StopReason.COMPLETED), (1, StopReason.FAILED_TERMINAL)]
 
 
-async def test_a_retryable_failure_resumes_the_same_worker_session() -> None:
+@pytest.mark.parametrize("task", ["flaky:a", "slowflaky:a"])
+async def test_a_retryable_failure_resumes_the_same_worker_session(task: str) -> None:
     store = MemoryStore()
     workers = Workers()
-    team = Team(Agent(ScriptedProvider([split("flaky:a"), "merged"]), store=store), Agent(workers.provider, store=store),
-                retries=1)
+    team = Team(Agent(ScriptedProvider([split(task), "merged"]), store=store),
+                Agent(workers.provider, tools=[tool(lambda: "ok", name="noop")], store=store), retries=1)
     result = await team.run("go", session_id="L")
     assert result.stop.reason is StopReason.COMPLETED
     (w,) = result.workers
-    assert w.ok and w.output == "result of flaky:a" and workers.calls["flaky:a"] == 2
+    assert w.ok and w.output == f"result of {task}" and workers.calls[task] == (2 if task == "flaky:a" else 3)
     assert len(await store.children("L")) == 1
     assert [e.type for e in await store.read_events(w.session_id, types=("resume",))] == ["resume"]
+    # the worker's usage over both attempts is rolled up once: the leader's 2 calls plus the worker's
+    worker_usage = w.usage.input_tokens
+    assert worker_usage > 0 and result.usage.input_tokens == 20 + worker_usage
+    rolled = await store.read_events("L", types=("usage_rolled_up",))
+    assert sum(e.payload["usage"]["input_tokens"] for e in rolled) == worker_usage
 
 
 async def test_without_retries_a_retryable_failure_is_a_failed_outcome() -> None:
