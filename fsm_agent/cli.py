@@ -75,11 +75,10 @@ class _Printer:
     def __init__(self, out: TextIO, err: TextIO, verbose: bool) -> None:
         self.out, self.err, self.verbose = out, err, verbose
         self.open_line = False
-        self.state: str | None = None
 
     def on_model_event(self, ev: Any) -> None:
         text = getattr(ev.event, "text", None)
-        if ev.event.TAG == "text_delta" and text and self.state in (None, "Model"):
+        if ev.event.TAG == "text_delta" and text and ev.phase == "Model":
             self.out.write(text)
             self.out.flush()
             self.open_line = not text.endswith("\n")
@@ -109,7 +108,6 @@ class _Printer:
         self.err.write(f"plan v{ev.plan.version}: {ev.reason}\n")
 
     def on_transition(self, ev: Any) -> None:
-        self.state = ev.to_state
         if self.verbose:
             self.err.write(f"  [{ev.from_state} --{ev.trigger}--> {ev.to_state}] {ev.reason}\n")
 

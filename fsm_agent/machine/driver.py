@@ -789,7 +789,8 @@ class Driver:
                         continue
                     event = out
                 if wants:
-                    await self.bus.emit(ModelStreamEvent(ctx.session_id, self.run_state.turn, event))
+                    await self.bus.emit(ModelStreamEvent(ctx.session_id, self.run_state.turn, event,
+                                                         ctx.state_name))
         finally:
             if isinstance(stream, AsyncGenerator):  # typed AsyncIterator; providers are generators
                 await stream.aclose()

@@ -30,6 +30,7 @@ from ..store.base import (
     Store,
     WriteBatch,
 )
+from ..machine.phases import Phase
 from ..types.events import ModelStreamEvent, TransitionEvent
 from ..types.stream import RefusalDelta, TextDelta, ThinkingDelta, ToolCallArgumentsDelta
 from .sse import encode_frame
@@ -214,7 +215,8 @@ class LiveDeltas:
     """An observer (:mod:`fsm_agent.hooks`) that publishes live-only SSE frames (no ``id``, never
     stored), so a watcher sees what the log will say before the next safe point commits it:
 
-    * ``event: delta``, each text, thinking, refusal and tool-call-arguments delta of a model call:
+    * ``event: delta``, each text, thinking, refusal and tool-call-arguments delta of the Model
+      phase's call (not of a plugin's side call, such as a planner's or a grader's):
       ``{"turn": int, "kind": "text"|"thinking"|"refusal"|"tool_call", "text": str, "index": int|null}``;
     * ``event: state``, each move of the machine as it happens: ``{"turn", "from", "trigger", "to"}``
       (the ``transition`` event with its seq follows when the move is committed).
@@ -232,7 +234,8 @@ class LiveDeltas:
         self.notifier.publish_live(event.session_id, frame)
 
     def on_model_event(self, event: ModelStreamEvent) -> None:
-        if not self.notifier.subscribers(event.session_id):
+        # a plugin's side call (a planner's JSON, a grader's verdict) is not the answer: not streamed
+        if event.phase != Phase.MODEL.value or not self.notifier.subscribers(event.session_id):
             return
         ev = event.event
         if isinstance(ev, TextDelta):

@@ -56,6 +56,10 @@ class ModelStreamEvent:
     session_id: str
     turn: int
     event: StreamEvent
+    phase: str = "Model"
+    """The machine state the call was made in: ``Model`` for the run's own call (the answer, or a
+    tool call); another phase (``PreTurn``, ``PostTurn`` ...) for a plugin's side call through
+    ``ctx.call_provider`` (a planner, a grader, a summarizer), which is not the answer."""
 
 
 @frozen
