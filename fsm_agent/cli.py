@@ -793,13 +793,18 @@ async def _serve(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         raise ConfigurationError(f"--port {args.port}: give 0 (any free port) to 65535")
     tenants = Tenants.from_file(args.tokens) if args.tokens else Tenants.from_env()
     check_bind(args.host, tenants)  # before any model server starts
+    a2a = None
+    if args.a2a is not None:
+        from .server.a2a import A2AConfig
+
+        a2a = A2AConfig(name=args.a2a, description=args.a2a_description)  # a bad name fails before any server
     store = await _checked_store(args.store)
     try:
         if args.agent:
             agent = load_agent(args.agent)
             agent.store = store
             await serve(agent, host=args.host, port=args.port, tenants=tenants, cors_origins=args.cors_origin,
-                        local_runs=args.local_runs, out=err)
+                        local_runs=args.local_runs, out=err, a2a=a2a)
             return 0
         from .machine.context import RunConfig
 
@@ -809,7 +814,7 @@ async def _serve(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         async with _AgentFactory(settings, None, err) as factory:
             agent = factory.agent(store, RunConfig(), [])
             await serve(agent, host=args.host, port=args.port, tenants=tenants, cors_origins=args.cors_origin,
-                        local_runs=args.local_runs, out=err)
+                        local_runs=args.local_runs, out=err, a2a=a2a)
         return 0
     finally:
         await store.close()
@@ -1074,6 +1079,11 @@ def _build_parser() -> argparse.ArgumentParser:
                     help="allow cross-origin calls from this origin (repeatable; default: CORS off)")
     sv.add_argument("--local-runs", action="store_true",
                     help="with a postgresql:// store: run in this process instead of queueing for `fsm-agent worker`")
+    sv.add_argument("--a2a", metavar="NAME",
+                    help="also serve the agent over A2A 1.0 (JSON-RPC at /a2a, its card at "
+                         "/.well-known/agent-card.json) under this name; see docs/a2a.md")
+    sv.add_argument("--a2a-description", metavar="TEXT", default="An fsm_agent agent.",
+                    help="what the agent does, for its A2A card (with --a2a)")
     _common(sv)
 
     from .server.worker import add_worker_command

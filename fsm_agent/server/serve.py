@@ -19,6 +19,7 @@ from typing import Any, TextIO
 from aiohttp import web
 
 from ..agent import Agent
+from .a2a import A2AConfig, add_a2a_routes
 from .app import create_app
 from .auth import Tenants, check_bind
 
@@ -27,7 +28,7 @@ __all__ = ["serve"]
 
 async def serve(agent: Agent, *, host: str = "127.0.0.1", port: int = 8000, tenants: Tenants | None = None,
                 cors_origins: Sequence[str] = (), local_runs: bool = False, out: TextIO | None = None,
-                ready: Callable[[str], Any] | None = None) -> None:
+                ready: Callable[[str], Any] | None = None, a2a: A2AConfig | None = None) -> None:
     """Serve ``agent`` (over its store) until SIGTERM/SIGINT (or until cancelled).
 
     Args:
@@ -38,6 +39,7 @@ async def serve(agent: Agent, *, host: str = "127.0.0.1", port: int = 8000, tena
         local_runs: with PostgreSQL, run in this process instead of queueing for workers.
         out: where the URL is printed.
         ready: called with the base URL once listening.
+        a2a: also serve the agent over A2A 1.0 (:func:`~fsm_agent.server.a2a.add_a2a_routes`).
 
     Raises:
         ConfigurationError: a non-loopback ``host`` without tokens.
@@ -54,6 +56,8 @@ async def serve(agent: Agent, *, host: str = "127.0.0.1", port: int = 8000, tena
 
         return QueueRunner(store.inner, store.notifier)
     app = create_app(agent, runner=runner_factory if queued else None, tenants=tenants, cors_origins=cors_origins)
+    if a2a is not None:
+        add_a2a_routes(app, a2a)
     runner = web.AppRunner(app, handle_signals=False, access_log=None, shutdown_timeout=2.0)
     await runner.setup()
     try:
@@ -64,7 +68,8 @@ async def serve(agent: Agent, *, host: str = "127.0.0.1", port: int = 8000, tena
         if out is not None:
             mode = "runs queued for `fsm-agent worker`" if queued else "runs in this process"
             auth = f"{len(tenants.tokens)} token(s)" if tenants.enabled else "no tokens (loopback only)"
-            out.write(f"fsm-agent: serving on {url} ({mode}; {auth}); review page: {url}/review/SESSION_ID; "
+            also = f"; A2A card: {url}/.well-known/agent-card.json" if a2a is not None else ""
+            out.write(f"fsm-agent: serving on {url} ({mode}; {auth}); review page: {url}/review/SESSION_ID{also}; "
                       "Ctrl-C stops\n")
             out.flush()
         if ready is not None:

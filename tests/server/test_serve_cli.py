@@ -169,3 +169,27 @@ def test_a_server_stopped_with_sigterm_resumes_its_interrupted_runs_when_it_star
         assert sent.read_text() == "a@x\n"  # the interrupted call's outcome is unknown: never run again silently
     finally:
         stop(proc)
+
+
+def test_serve_with_a2a_serves_the_card_and_the_json_rpc_endpoint(tmp_path: Path) -> None:
+    proc, url = start(tmp_path, "--a2a", "mailer", "--a2a-description", "Sends mail after approval.")
+    try:
+        status, body = call(url + "/.well-known/agent-card.json")
+        card = json.loads(body)
+        assert status == 200 and card["name"] == "mailer" and card["description"] == "Sends mail after approval."
+        assert card["supportedInterfaces"][0]["url"] == url + "/a2a"
+        status, body = call(url + "/a2a", "POST", {
+            "jsonrpc": "2.0", "id": 7, "method": "SendMessage",
+            "params": {"message": {"messageId": "m-1", "role": "ROLE_USER", "parts": [{"text": "mail a"}]},
+                       "configuration": {"returnImmediately": True}}}, headers={"A2A-Version": "1.0"})
+        reply = json.loads(body)
+        assert status == 200 and reply["id"] == 7, reply
+        task_id = reply["result"]["task"]["id"]
+        # the task is an ordinary session: the REST routes see it wait for the same approval
+        snap = wait_snapshot(url, task_id, lambda s: s["state"] == "WAITING_HUMAN" and not s["running"])
+        assert snap["pending_approvals"][0]["call"]["name"] == "send_mail"
+        status, body = call(url + "/a2a", "POST", {"jsonrpc": "2.0", "id": 8, "method": "GetTask",
+                                                   "params": {"id": task_id}}, headers={"A2A-Version": "1.0"})
+        assert json.loads(body)["result"]["status"]["state"] == "TASK_STATE_INPUT_REQUIRED"
+    finally:
+        stop(proc)
