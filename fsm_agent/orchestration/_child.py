@@ -24,7 +24,7 @@ from ..agent import Agent
 from ..control import Cancel, Decision
 from ..errors import SessionBusyError, SessionExistsError
 from ..machine.state import RunState
-from ..store.base import ControlKind, ControlRecord, SessionLink
+from ..store.base import ControlKind, ControlRecord
 from ..store.sessions import load_session
 from ..tools.registry import ToolContext
 from ..types.codec import structure
@@ -221,7 +221,3 @@ async def cancel_child(agent: Agent, child_id: str, reason: str) -> StopReason |
     result = await _resume_when_free(agent, child_id)
     return result.stop.reason
 
-
-def link_of(links: Sequence[SessionLink], child_id: str) -> SessionLink | None:
-    """The link of ``child_id`` among ``links``."""
-    return next((x for x in links if x.child_id == child_id), None)
