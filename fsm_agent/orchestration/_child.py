@@ -126,41 +126,60 @@ async def drive_child(
     store = agent.store
     counted = {} if counted is None else counted
     await link_child(store, parent_id, child_id, kind, call_id=call_id, metadata=link_metadata)
+    # The child runs in a task of its own, cancelled once when this call is: the parent's driver may
+    # cancel the call several times while it stops, and the child must finish recording its stop
+    # (INTERRUPTED, at its checkpoint) before the call ends.
+    run = asyncio.ensure_future(_drive(agent, child_id, task, limits, decision))
     try:
-        rec = await store.get_session(child_id)
-        if rec is None:
-            try:
-                result = await agent.run(task, session_id=child_id, **dict(limits or {}))
-            except SessionExistsError:  # created by a racing start of the same call: find it again
-                result = await _resume_when_free(agent, child_id)
-        else:
-            stopped = _terminal(rec.state)
-            if stopped is StopReason.WAITING_HUMAN and decision is not None:
-                current = await stored_result(agent, child_id)
-                assert current is not None
-                decisions = _approve_all(current.stop, decision)
-                if decisions:
-                    result = await _resume_when_free(agent, child_id, decisions=decisions)
-                elif current.stop.required_decision == "confirm_cancel" and decision.kind == "approve":
-                    result = await _resume_when_free(agent, child_id, confirm_cancel=True)
-                else:
-                    result = current
-            elif stopped is None or stopped is StopReason.INTERRUPTED:
-                result = await _resume_when_free(agent, child_id)
-            else:
-                found = await stored_result(agent, child_id)
-                assert found is not None
-                result = found
+        result = await asyncio.shield(run)
     except asyncio.CancelledError:
+        run.cancel()
+        await _settle(run)
         if ctx is not None:
-            try:
-                await asyncio.shield(roll_up(ctx, agent, child_id, counted))
-            except Exception:  # noqa: BLE001 - the roll-up is best effort while cancelling
-                pass
+            await _settle(asyncio.ensure_future(roll_up(ctx, agent, child_id, counted)))
         raise
     if ctx is not None:
         await roll_up(ctx, agent, child_id, counted, result)
     return result
+
+
+async def _settle(fut: asyncio.Future[Any]) -> None:
+    """Wait for ``fut`` to end while this task is being cancelled (again): bounded work that must
+    complete (a stop being recorded, a roll-up). Its own outcome is not raised."""
+    while not fut.done():
+        try:
+            await asyncio.shield(fut)
+        except asyncio.CancelledError:
+            continue
+        except Exception:  # noqa: BLE001 - reported by the caller's next step, not here
+            break
+    if fut.done() and not fut.cancelled():
+        fut.exception()  # retrieved: no "exception was never retrieved" warning
+
+
+async def _drive(agent: Agent, child_id: str, task: str | Message | Sequence[Message],
+                 limits: Mapping[str, Any] | None, decision: Decision | None) -> RunResult:
+    rec = await agent.store.get_session(child_id)
+    if rec is None:
+        try:
+            return await agent.run(task, session_id=child_id, **dict(limits or {}))
+        except SessionExistsError:  # created by a racing start of the same call: find it again
+            return await _resume_when_free(agent, child_id)
+    stopped = _terminal(rec.state)
+    if stopped is StopReason.WAITING_HUMAN and decision is not None:
+        current = await stored_result(agent, child_id)
+        assert current is not None
+        decisions = _approve_all(current.stop, decision)
+        if decisions:
+            return await _resume_when_free(agent, child_id, decisions=decisions)
+        if current.stop.required_decision == "confirm_cancel" and decision.kind == "approve":
+            return await _resume_when_free(agent, child_id, confirm_cancel=True)
+        return current
+    if stopped is None or stopped is StopReason.INTERRUPTED:
+        return await _resume_when_free(agent, child_id)
+    found = await stored_result(agent, child_id)
+    assert found is not None
+    return found
 
 
 Counted = dict[str, tuple[Usage, float]]
