@@ -30,6 +30,7 @@ from attrs import field, frozen
 
 from ..control import Decision
 from ..errors import ConfigurationError, ToolArgumentsError, ToolDefinitionError
+from ..types._schema import UnresolvedRef, check_refs, offline_validator
 from ..types.messages import Usage
 from ..types.requests import ToolDefinition
 
@@ -205,6 +206,30 @@ def _schema(tp: Any, where: str) -> dict[str, Any]:
                               "Literal, Enum, Optional, TypedDict or an attrs class)")
 
 
+def _validator(parameters: dict[str, Any], where: str) -> Any:
+    """A jsonschema validator of ``parameters`` (its ``$schema`` dialect, else draft 2020-12) that
+    never fetches a document: references resolve within the schema and the dialects' own
+    meta-schemas only, and each one is resolved here, so a bad reference is a definition error,
+    never a failure at call time.
+
+    Raises:
+        ToolDefinitionError: not a valid JSON Schema; a reference that does not resolve.
+    """
+    import jsonschema  # imported with the first tool, not with fsm_agent
+
+    try:
+        cls = jsonschema.validators.validator_for(parameters, default=jsonschema.Draft202012Validator)
+        cls.check_schema(parameters)
+        check_refs(parameters)
+    except jsonschema.SchemaError as exc:
+        raise ToolDefinitionError(f"{where}: invalid JSON Schema: {exc.message}") from exc
+    except UnresolvedRef as exc:
+        raise ToolDefinitionError(f"{where}: {exc}") from exc
+    except RecursionError as exc:
+        raise ToolDefinitionError(f"{where}: the JSON Schema is nested too deeply to be checked") from exc
+    return offline_validator(cls, parameters)
+
+
 class Tool:
     """A callable tool: definition (name, description, schema), the function, timeout and effect.
 
@@ -257,14 +282,7 @@ class Tool:
                 if p.annotation is ToolContext or p.annotation == "ToolContext":
                     self._context_param = p.name
         self.parameters = parameters
-        import jsonschema  # imported with the first tool, not with fsm_agent
-
-        try:
-            cls = jsonschema.validators.validator_for(parameters, default=jsonschema.Draft202012Validator)
-            cls.check_schema(parameters)
-            self._validator = cls(parameters)
-        except jsonschema.SchemaError as exc:
-            raise ToolDefinitionError(f"tool {self.name!r}: invalid JSON Schema: {exc.message}") from exc
+        self._validator = _validator(parameters, f"tool {self.name!r}")
 
     def _schema_from_signature(self, fn: Callable[..., Any], docs: dict[str, str]) -> dict[str, Any]:
         sig = inspect.signature(fn)
@@ -303,9 +321,15 @@ class Tool:
         """Check ``arguments`` against the schema.
 
         Raises:
-            ToolArgumentsError: every violation, with its JSON path, in one message.
+            ToolArgumentsError: every violation, with its JSON path, in one message; or the schema
+                cannot be evaluated for these arguments (a ``$ref`` cycle that never ends).
         """
-        errors = sorted(self._validator.iter_errors(arguments), key=lambda e: list(e.path))
+        try:
+            errors = sorted(self._validator.iter_errors(arguments), key=lambda e: list(e.path))
+        except Exception as exc:  # noqa: BLE001 - a schema that cannot be evaluated (a $ref cycle ...)
+            raise ToolArgumentsError(f"the arguments of tool {self.name!r} could not be checked: its JSON Schema "
+                                     f"cannot be evaluated ({type(exc).__name__}: {str(exc)[:200]}); the tool "
+                                     "cannot be called") from exc
         if errors:
             parts = []
             for e in errors[:5]:

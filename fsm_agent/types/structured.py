@@ -16,6 +16,7 @@ from typing import Any
 from attrs import field, frozen
 
 from ..errors import ConfigurationError
+from ._schema import UnresolvedRef, check_refs
 
 __all__ = ["OutputSchema"]
 
@@ -36,9 +37,14 @@ def _check_schema(_: object, __: object, value: dict[str, Any]) -> None:
     cls = jsonschema.validators.validator_for(value, default=jsonschema.Draft202012Validator)
     try:
         cls.check_schema(value)
+        check_refs(value)  # no reference is ever fetched: each must resolve within the schema
     except jsonschema.SchemaError as exc:
         where = "/".join(str(p) for p in exc.path) or "the top level"
         raise ConfigurationError(f"invalid output JSON Schema at {where}: {exc.message}") from None
+    except UnresolvedRef as exc:
+        raise ConfigurationError(f"invalid output JSON Schema: {exc}") from None
+    except RecursionError:
+        raise ConfigurationError("invalid output JSON Schema: nested too deeply to be checked") from None
 
 
 @frozen
