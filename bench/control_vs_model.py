@@ -648,7 +648,8 @@ def summarize(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             rs = [r for r in records if r["provider"] == prov and r["mode"] == mode and r["plan"] is not None]
             if rs:
                 rows.append(_row(prov, mode, "all faulted runs", rs))
-    return rows
+    provs = list(dict.fromkeys(r["provider"] for r in rows))
+    return sorted(rows, key=lambda r: provs.index(r["provider"]))  # stable: each provider's rows together
 
 
 _ORDER = ["no faults", "tool_timeout", "interrupt", "sse_drop", "tool_timeout+interrupt+sse_drop", "all faulted runs"]
@@ -719,12 +720,23 @@ def plot(rows: Sequence[dict[str, Any]], path: Path) -> None:
             off = [i + (mi - (len(modes) - 1) / 2) * width for i in x]
             axes[pi][0].bar(off, [100 * by[lb]["success_rate"] if lb in by else 0 for lb in labels], width,
                             color=colors[mode], label=mode)
+            for o, lb in zip(off, labels):
+                if lb in by:
+                    axes[pi][0].annotate(f"{by[lb]['success']}/{by[lb]['runs']}", (o, 100 * by[lb]["success_rate"]),
+                                         ha="center", va="bottom", fontsize=5.5)
+                    axes[pi][1].annotate(str(by[lb]["duplicates"]), (o, by[lb]["duplicates"]), ha="center",
+                                         va="bottom", fontsize=6)
             axes[pi][1].bar(off, [by[lb]["duplicates"] if lb in by else 0 for lb in labels], width, color=colors[mode])
-            med = [by[lb]["recovery_median_s"] or 0 if lb in by else 0 for lb in labels]
-            p90 = [by[lb]["recovery_p90_s"] or 0 if lb in by else 0 for lb in labels]
-            axes[pi][2].bar(off, med, width, color=colors[mode])
-            axes[pi][2].errorbar(off, med, yerr=[[0] * len(med), [max(0.0, b - a) for a, b in zip(med, p90)]],
-                                 fmt="none", ecolor="#333", capsize=3)
+            have = [(o, by[lb]["recovery_median_s"], by[lb]["recovery_p90_s"]) for o, lb in zip(off, labels)
+                    if lb in by and by[lb]["recovery_median_s"] is not None]
+            if have:
+                axes[pi][2].bar([h[0] for h in have], [h[1] for h in have], width, color=colors[mode])
+                axes[pi][2].errorbar([h[0] for h in have], [h[1] for h in have],
+                                     yerr=[[0] * len(have), [max(0.0, h[2] - h[1]) for h in have]],
+                                     fmt="none", ecolor="#333", capsize=3)
+        if not any(r["recovery_median_s"] is not None for r in pr):
+            axes[pi][2].text(0.5, 0.5, "no run finished correctly", transform=axes[pi][2].transAxes,
+                             ha="center", va="center", fontsize=10, color="#555")
         for ai, title in enumerate(("success rate (%)", "duplicate side effects (count)",
                                     "recovery time, median (bar) to p90 (s)")):
             ax = axes[pi][ai]
@@ -733,10 +745,15 @@ def plot(rows: Sequence[dict[str, Any]], path: Path) -> None:
             ax.set_xticklabels([lb.replace("tool_timeout+interrupt+sse_drop", "all three").replace(" ", "\n", 1)
                                 for lb in labels], fontsize=7, rotation=20)
             ax.grid(axis="y", alpha=0.3)
-        axes[pi][0].set_ylim(0, 105)
-        axes[pi][0].legend(fontsize=8, loc="lower left")
+        axes[pi][0].set_ylim(0, 112)
+    handles: dict[str, Any] = {}
+    for ax in axes[:, 0]:
+        for h, lb in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(lb, h)
     fig.suptitle("Seed 004 §10: relying only on the model vs runtime control, under injected faults", fontsize=12)
-    fig.tight_layout()
+    fig.legend(list(handles.values()), list(handles), loc="upper center", ncol=len(handles), fontsize=9,
+               bbox_to_anchor=(0.5, 0.965), frameon=False)
+    fig.tight_layout(rect=(0, 0, 1, 0.94))
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
