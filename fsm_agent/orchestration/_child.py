@@ -36,6 +36,10 @@ __all__ = ["Counted", "cancel_child", "drive_child", "roll_up", "stored_result"]
 
 LEASE_WAIT = 120.0
 """Seconds :func:`drive_child` waits, at most, for another worker's lease of the child to end."""
+INHERITED_METADATA = ("tenant",)
+"""Session metadata a child copies from its parent when it is created: ``tenant``, the owner the
+server (:mod:`fsm_agent.server`) gives each session, so that exactly who may read the parent may
+read its children (an untagged child would belong to no tenant, or to the wrong one)."""
 
 
 def _terminal(state: str) -> StopReason | None:
@@ -107,7 +111,8 @@ async def drive_child(
 ) -> RunResult:
     """Run (or find again) the child session ``child_id`` of ``parent_id`` and return its result.
 
-    * unknown: linked (``kind``, ``call_id``), then run with ``task`` and ``limits`` (RunConfig fields);
+    * unknown: linked (``kind``, ``call_id``), then run with ``task`` and ``limits`` (RunConfig fields),
+      its session given the parent's :data:`INHERITED_METADATA`;
     * COMPLETED, FAILED_*, CANCELLED, PAUSED_BUDGET: its stored result, nothing runs;
     * INTERRUPTED or left mid-run: resumed (its own checkpoint and ledger: nothing done twice);
     * WAITING_HUMAN: resumed with ``decision`` applied to each of its pending calls when given
@@ -129,7 +134,10 @@ async def drive_child(
     # The child runs in a task of its own, cancelled once when this call is: the parent's driver may
     # cancel the call several times while it stops, and the child must finish recording its stop
     # (INTERRUPTED, at its checkpoint) before the call ends.
-    run = asyncio.ensure_future(_drive(agent, child_id, task, limits, decision))
+    parent = await store.get_session(parent_id)
+    inherited = {k: parent.metadata[k] for k in INHERITED_METADATA
+                 if parent is not None and isinstance(parent.metadata, dict) and k in parent.metadata}
+    run = asyncio.ensure_future(_drive(agent, child_id, task, limits, decision, inherited))
     try:
         result = await asyncio.shield(run)
     except asyncio.CancelledError:
@@ -158,11 +166,12 @@ async def _settle(fut: asyncio.Future[Any]) -> None:
 
 
 async def _drive(agent: Agent, child_id: str, task: str | Message | Sequence[Message],
-                 limits: Mapping[str, Any] | None, decision: Decision | None) -> RunResult:
+                 limits: Mapping[str, Any] | None, decision: Decision | None,
+                 metadata: Mapping[str, Any]) -> RunResult:
     rec = await agent.store.get_session(child_id)
     if rec is None:
         try:
-            return await agent.run(task, session_id=child_id, **dict(limits or {}))
+            return await agent.run(task, session_id=child_id, metadata=metadata, **dict(limits or {}))
         except SessionExistsError:  # created by a racing start of the same call: find it again
             return await _resume_when_free(agent, child_id)
     stopped = _terminal(rec.state)
