@@ -676,6 +676,7 @@ async def _sessions(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from .diagrams import latest_plan
     from .store.sessions import load_session, read_turns
     from .types.codec import unstructure
+    from .types.plan import one_line
 
     store = await _checked_store(args.store, create=False)
     try:
@@ -715,9 +716,10 @@ async def _sessions(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         if args.json:
             out.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode() + "\n")
             return 0
-        out.write(f"session {rec.session_id}: {rec.state}\ngoal: {rec.goal}\n")
+        # a model's (or a user's) text is shown as one printable line: no escape sequence reaches the terminal
+        out.write(f"session {rec.session_id}: {rec.state}\ngoal: {one_line(rec.goal)}\n")
         if rec.stop:
-            out.write(f"stop: {rec.stop['reason']} — {rec.stop['detail']}\n")
+            out.write(f"stop: {rec.stop['reason']} — {one_line(str(rec.stop['detail']))}\n")
             for p in rec.stop.get("pending_actions") or ():
                 c = p["call"]
                 out.write(f"pending: {c['id']} {c['name']}({orjson.dumps(c['input']).decode()}) — {p['reason']}\n")

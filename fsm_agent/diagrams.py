@@ -26,7 +26,7 @@ from typing import Any
 
 from .machine.phases import PHASES, TRANSITIONS, Phase
 from .types.codec import structure
-from .types.plan import NodeStatus, Plan
+from .types.plan import NodeStatus, Plan, one_line
 from .types.run import StopReason
 
 __all__ = ["DEFAULT_PATH", "chains_of", "check_diagram", "default_diagram_path", "latest_plan", "render_machine",
@@ -145,18 +145,18 @@ _PLAN_STYLES = {
 
 
 def _label(text: str, limit: int = 60) -> str:
-    """Text safe inside a quoted Mermaid label: one line, cut to ``limit``, entity-escaped (``%``
-    too: Mermaid reads a ``%%{...}%%`` directive anywhere in the source, labels included)."""
-    text = " ".join(text.split())
-    if len(text) > limit:
-        text = text[:limit - 1] + "…"
+    """Text safe inside a quoted Mermaid label: one printable line (no control or invisible format
+    characters), cut to ``limit``, entity-escaped (``%`` too: Mermaid reads a ``%%{...}%%`` directive
+    anywhere in the source, labels included)."""
+    text = one_line(text, limit)
     return (text.replace("#", "#35;").replace('"', "#quot;").replace("<", "#lt;").replace(">", "#gt;")
             .replace("%", "#37;"))
 
 
 def _comment(text: str) -> str:
-    """Text safe in a ``%%`` comment: one line, no braces (``%%{`` opens a Mermaid directive)."""
-    return " ".join(text.split())[:200].replace("{", "(").replace("}", ")").replace("%", " percent")
+    """Text safe in a ``%%`` comment: one printable line (no control or invisible format characters),
+    no braces (``%%{`` opens a Mermaid directive)."""
+    return one_line(text, 200).replace("{", "(").replace("}", ")").replace("%", " percent")
 
 
 def render_plan(plan: Plan) -> str:

@@ -134,6 +134,40 @@ async def test_sessions_show_prints_the_plan_and_diagram_renders_it(tmp_path: Pa
     assert out == render_plan(plan)
 
 
+HOSTILE = "bad \x1b[31mverdict\x1b[0m\r\nFAKE: passed \u202eRTL\x07 \x1b]0;title\x07"
+
+
+async def test_sessions_show_and_the_diagram_print_no_control_character(tmp_path: Path) -> None:
+    """A check's verdict and the task carry escape sequences, line breaks and a bidi override: the
+    terminal gets each as one printable line (nothing a model or a user wrote can move the cursor,
+    retitle the window or forge a line), in ``sessions show`` and ``diagram --plan`` alike."""
+    import unicodedata
+
+    db = tmp_path / "s.db"
+    store = SQLiteStore(db)
+    try:
+        agent = Agent(ScriptedProvider([routed], repeat_last=True), store=store, middleware=[
+            PlanAct(check=lambda ctx, node: Verdict(False, HOSTILE) if node.id == "b" else None, max_replans=0)])
+        result = await agent.run(f"Add {HOSTILE}", session_id="h")
+        assert result.stop.reason is StopReason.WAITING_HUMAN and "\x1b" in result.stop.detail
+    finally:
+        await store.close()
+    code, out, err = await cli("sessions", "show", "h", "--store", str(db))
+    assert code == 0, err
+    assert not [ch for ch in out if ch != "\n" and unicodedata.category(ch) in ("Cc", "Cf")]
+    lines = out.splitlines()
+    assert "            check: bad [31mverdict[0m FAKE: passed RTL ]0;title" in lines
+    assert next(x for x in lines if x.startswith("goal: ")) == "goal: Add bad [31mverdict[0m FAKE: passed RTL ]0;title"
+    assert next(x for x in lines if x.startswith("stop: ")).endswith("(0 of 0 replans for failed or stale nodes)")
+    code, out, err = await cli("sessions", "show", "h", "--store", str(db), "--events")
+    events = tmp_path / "events.jsonl"
+    events.write_text(out)
+    code, out, err = await cli("diagram", "--plan", str(events))
+    assert code == 0, err
+    assert not [ch for ch in out if ch != "\n" and unicodedata.category(ch) in ("Cc", "Cf")]
+    assert "    %% goal: Add bad [31mverdict[0m FAKE: passed RTL ]0;title\n" in out
+
+
 async def test_diagram_plan_on_a_session_without_a_plan_says_so(tmp_path: Path) -> None:
     events = tmp_path / "events.jsonl"
     events.write_text(json.dumps({"type": "transition", "payload": {"from": "Idle", "trigger": "start",

@@ -37,7 +37,10 @@ from .messages import (
 )
 from .pairing import pairing_problems
 from .plan import (
+    ID_CHARS,
     MAX_ID_CHARS,
+    MAX_NODES,
+    MAX_TEXT_CHARS,
     NodeStatus,
     Plan,
     PlanNode,
@@ -81,8 +84,11 @@ __all__ = [
     "ErrorEvent",
     "ExtensionBlock",
     "FileBlock",
+    "ID_CHARS",
     "ImageBlock",
     "MAX_ID_CHARS",
+    "MAX_NODES",
+    "MAX_TEXT_CHARS",
     "Message",
     "MessageComplete",
     "MessageRequest",

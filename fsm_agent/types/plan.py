@@ -9,8 +9,12 @@ kept in :attr:`Plan.history`).
 
 The rules (:meth:`Plan.problems`, :meth:`Plan.validate`):
 
-* at least one node; node ids are unique, non-empty, at most :data:`MAX_ID_CHARS` characters;
-* every dependency names a node of the plan, and not the node itself;
+* at least one node and at most :data:`MAX_NODES`;
+* node ids are unique, 1 to :data:`MAX_ID_CHARS` characters of :data:`ID_CHARS` (letters, digits,
+  ``_``, ``.``, ``-``: an id is printed in notes, terminals and diagrams, so it can carry no line
+  break, escape sequence or markup);
+* every goal is non-empty; a goal or an acceptance text has at most :data:`MAX_TEXT_CHARS` characters;
+* every dependency names a node of the plan, not the node itself, and once;
 * the dependencies have no cycle;
 * an open node (pending or running) depends on no skipped node (it could never run; an open
   node may wait on a failed one: the plan is then stuck until a replan, or a person, settles it);
@@ -32,6 +36,9 @@ from __future__ import annotations
 
 import enum
 import functools
+import heapq
+import re
+import unicodedata
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -41,18 +48,34 @@ from ..errors import InvalidPlanError
 from .structured import OutputSchema
 
 __all__ = [
+    "ID_CHARS",
     "MAX_ID_CHARS",
+    "MAX_NODES",
+    "MAX_TEXT_CHARS",
     "NodeStatus",
     "Plan",
     "PlanNode",
     "Replan",
     "ReplanTrigger",
     "nodes_from_output",
+    "one_line",
     "plan_output_schema",
 ]
 
 MAX_ID_CHARS = 32
 """The longest node id (characters)."""
+
+ID_CHARS = "A-Za-z0-9_.-"
+"""The characters a node id may use (a regular-expression class body): ASCII letters and digits,
+``_``, ``.`` and ``-``."""
+
+MAX_NODES = 200
+"""The most nodes a plan may hold (every version's nodes: passed and skipped ones count)."""
+
+MAX_TEXT_CHARS = 1000
+"""The longest goal or acceptance text of a node (characters)."""
+
+_ID = re.compile(f"[{ID_CHARS}]+")
 
 
 class NodeStatus(str, enum.Enum):
@@ -97,7 +120,7 @@ class PlanNode:
     """One step of a plan."""
 
     id: str
-    """Unique within the plan (1 to :data:`MAX_ID_CHARS` characters), e.g. ``"s2"``."""
+    """Unique within the plan, 1 to :data:`MAX_ID_CHARS` characters of :data:`ID_CHARS`, e.g. ``"s2"``."""
     goal: str
     """What this step must achieve, as the instruction given to the model."""
     depends_on: tuple[str, ...] = field(default=(), converter=_strings)
@@ -114,7 +137,8 @@ class PlanNode:
     """How many times its result was checked (passing included): 2 means one failed check, then
     one more."""
     result: str | None = None
-    """A summary of the answer last checked (its first characters), or ``None`` before any check."""
+    """A summary of the answer last checked (PlanAct: its text with runs of whitespace made one
+    space, cut to 500 characters), or ``None`` before any check."""
     verdict: str | None = None
     """The reason the last check gave (why it passed or failed), or ``None`` before any check."""
     evidence: tuple[str, ...] = field(default=(), converter=_strings)
@@ -190,22 +214,32 @@ class Plan:
 
     def order(self) -> tuple[PlanNode, ...]:
         """Every node in dependency order (a node after the nodes it depends on; ties keep the
-        written order). Nodes in a cycle, or after an unknown dependency, come last as written."""
-        ids = {n.id for n in self.nodes}
-        placed: set[str] = set()
-        out: list[PlanNode] = []
-        left = list(self.nodes)
-        while left:
-            for i, n in enumerate(left):
-                if all(d in placed or d not in ids for d in n.depends_on if d != n.id):
-                    out.append(n)
-                    placed.add(n.id)
-                    del left[i]
-                    break
-            else:
-                out.extend(left)
-                break
-        return tuple(out)
+        written order). Nodes in a cycle, or after an unknown dependency, come last as written.
+
+        Linear in nodes and dependencies (times a log for the tie order)."""
+        index = {n.id: i for i, n in enumerate(self.nodes)}
+        waiting = [0] * len(self.nodes)
+        after: list[list[int]] = [[] for _ in self.nodes]
+        for i, n in enumerate(self.nodes):
+            for d in set(n.depends_on):
+                j = index.get(d)
+                if j is None or d == n.id:  # unknown or itself: no constraint here (problems() says so)
+                    continue
+                waiting[i] += 1
+                after[j].append(i)
+        ready = [i for i, w in enumerate(waiting) if w == 0]
+        heapq.heapify(ready)
+        out: list[int] = []
+        while ready:
+            i = heapq.heappop(ready)
+            out.append(i)
+            for k in after[i]:
+                waiting[k] -= 1
+                if waiting[k] == 0:
+                    heapq.heappush(ready, k)
+        placed = set(out)
+        out.extend(i for i in range(len(self.nodes)) if i not in placed)
+        return tuple(self.nodes[i] for i in out)
 
     def ready(self) -> tuple[PlanNode, ...]:
         """The pending nodes whose dependencies have all passed, in dependency order: the first is
@@ -221,33 +255,47 @@ class Plan:
                 and any(n.status is NodeStatus.PASSED for n in self.nodes))
 
     def problems(self) -> list[str]:
-        """Every rule the plan breaks, one sentence each (empty: the plan is valid)."""
+        """Every rule the plan breaks, one sentence each (empty: the plan is valid). Texts a model
+        wrote are quoted with :func:`repr`, so a problem is one printable line."""
         out: list[str] = []
         if not self.nodes:
             return ["the plan has no nodes"]
+        if len(self.nodes) > MAX_NODES:
+            return [f"the plan has {len(self.nodes)} nodes; at most {MAX_NODES} are allowed"]
         seen: set[str] = set()
         for n in self.nodes:
             if not n.id.strip():
                 out.append(f"a node has an empty id (goal {n.goal[:60]!r})")
             elif len(n.id) > MAX_ID_CHARS:
                 out.append(f"node id {n.id[:40]!r}… is longer than {MAX_ID_CHARS} characters")
+            elif not _ID.fullmatch(n.id):
+                out.append(f"node id {n.id!r} may use only letters, digits, '_', '.' and '-'")
             if n.id in seen:
-                out.append(f"node id {n.id!r} is used by more than one node")
+                out.append(f"node id {n.id[:40]!r} is used by more than one node")
             seen.add(n.id)
             if not n.goal.strip():
-                out.append(f"node {n.id!r} has an empty goal")
+                out.append(f"node {n.id[:40]!r} has an empty goal")
+            for what, text in (("goal", n.goal), ("acceptance", n.acceptance)):
+                if len(text) > MAX_TEXT_CHARS:
+                    out.append(f"node {n.id[:40]!r}: its {what} has {len(text)} characters; at most "
+                               f"{MAX_TEXT_CHARS} are allowed")
         by_id = {n.id: n for n in self.nodes}
         for n in self.nodes:
+            listed: set[str] = set()
             for d in n.depends_on:
+                if d in listed:
+                    out.append(f"node {n.id[:40]!r} lists the dependency {d[:40]!r} more than once")
+                    continue
+                listed.add(d)
                 if d == n.id:
-                    out.append(f"node {n.id!r} depends on itself")
+                    out.append(f"node {n.id[:40]!r} depends on itself")
                 elif d not in by_id:
-                    out.append(f"node {n.id!r} depends on unknown node {d!r}")
+                    out.append(f"node {n.id[:40]!r} depends on unknown node {d[:40]!r}")
                 elif n.status.open and by_id[d].status is NodeStatus.SKIPPED:
                     out.append(f"open node {n.id!r} depends on skipped node {d!r}, so it can never run")
         cycle = self._cycle(by_id)
         if cycle:
-            out.append("dependency cycle: " + " -> ".join(cycle))
+            out.append("dependency cycle: " + " -> ".join(c[:40] for c in cycle))
         running = [n.id for n in self.nodes if n.status is NodeStatus.RUNNING]
         if len(running) > 1:
             out.append(f"{len(running)} nodes are running ({', '.join(running)}); at most one may run")
@@ -256,31 +304,29 @@ class Plan:
         return out
 
     def _cycle(self, by_id: Mapping[str, PlanNode]) -> list[str]:
-        """One dependency cycle as ``[a, b, a]``, or ``[]``."""
+        """One dependency cycle as ``[a, b, a]``, or ``[]`` (an iterative depth-first search: a
+        chain of any length is walked without recursion)."""
         state: dict[str, int] = {}  # 1: on the path, 2: done
-        path: list[str] = []
-
-        def visit(node_id: str) -> list[str]:
-            state[node_id] = 1
-            path.append(node_id)
-            for d in by_id[node_id].depends_on:
-                if d == node_id or d not in by_id:
+        for root in by_id:
+            if root in state:
+                continue
+            path: list[str] = [root]
+            state[root] = 1
+            stack = [iter(by_id[root].depends_on)]
+            while stack:
+                d = next(stack[-1], None)
+                if d is None:
+                    stack.pop()
+                    state[path.pop()] = 2
+                    continue
+                if d == path[-1] or d not in by_id:
                     continue
                 if state.get(d) == 1:
                     return path[path.index(d):] + [d]
                 if d not in state:
-                    found = visit(d)
-                    if found:
-                        return found
-            path.pop()
-            state[node_id] = 2
-            return []
-
-        for node_id in by_id:
-            if node_id not in state:
-                found = visit(node_id)
-                if found:
-                    return found
+                    state[d] = 1
+                    path.append(d)
+                    stack.append(iter(by_id[d].depends_on))
         return []
 
     def validate(self) -> Plan:
@@ -360,26 +406,40 @@ class Plan:
 
     # -- presenting ------------------------------------------------------------------------
     def describe(self) -> list[str]:
-        """Human-readable lines: a header, one line per node (dependency order), one per replan."""
+        """Human-readable lines: a header, one line per node (dependency order), one per replan.
+        Every text is made one printable line (:func:`one_line`), whatever a model wrote in it."""
         passed = sum(n.status is NodeStatus.PASSED for n in self.nodes)
         live = sum(n.status is not NodeStatus.SKIPPED for n in self.nodes)
         replans = f"{self.replans} replan" + ("" if self.replans == 1 else "s")
         lines = [f"plan v{self.version} ({replans}): {passed} of {live} nodes passed — {_line(self.goal, 100)}"]
         for n in self.order():
-            after = f" (after {', '.join(n.depends_on)})" if n.depends_on else ""
+            after = f" (after {_line(', '.join(n.depends_on), 120)})" if n.depends_on else ""
             tries = f", {n.attempts} attempt" + ("" if n.attempts == 1 else "s") if n.attempts else ""
-            lines.append(f"  [{n.status.value:<7}] {n.id}: {_line(n.goal, 80)}{after}{tries}")
+            lines.append(f"  [{n.status.value:<7}] {_line(n.id, MAX_ID_CHARS)}: {_line(n.goal, 80)}{after}{tries}")
             if n.verdict:
                 lines.append(f"            check: {_line(n.verdict, 100)}")
         for r in self.history:
-            on = f" {r.node}" if r.node else ""
+            on = f" {_line(r.node, MAX_ID_CHARS)}" if r.node else ""
             lines.append(f"  replan -> v{r.version} at turn {r.turn} ({r.trigger.value}{on}): {_line(r.reason, 100)}")
         return lines
 
 
-def _line(text: str, limit: int) -> str:
+def one_line(text: str, limit: int | None = None) -> str:
+    """``text`` as one printable line, for a terminal, a log line or a diagram: every run of
+    whitespace becomes one space, control characters (escape sequences among them) and
+    invisible format characters (bidirectional overrides, zero-width spaces) are dropped, and the
+    result is cut to ``limit`` characters (the last one then ``…``; ``None``: no cut)."""
+    text = "".join(ch for ch in text if ch.isspace() or unicodedata.category(ch) not in _HIDDEN)
     text = " ".join(text.split())
-    return text if len(text) <= limit else text[:limit - 1] + "…"
+    return text if limit is None or len(text) <= limit else text[:limit - 1] + "…"
+
+
+_HIDDEN = frozenset(("Cc", "Cf", "Co", "Cs", "Cn"))
+"""Unicode categories never shown: control, format, private use, surrogate, unassigned."""
+
+
+def _line(text: str, limit: int) -> str:
+    return one_line(text, limit)
 
 
 def plan_output_schema(*, name: str = "plan", min_nodes: int = 1, max_nodes: int = 8,

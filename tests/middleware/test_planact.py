@@ -41,7 +41,7 @@ from fsm_agent import (
 )
 from fsm_agent.errors import AuthenticationError, ServerError
 from fsm_agent.providers import text_response, tool_call_response
-from fsm_agent.types import MessageRequest, ReplanTrigger, structure
+from fsm_agent.types import MessageRequest, Replan, ReplanTrigger, structure
 from fsm_agent_middleware.approval import HumanApproval
 from fsm_agent_middleware.planact import PlanAct
 from fsm_agent_middleware.verifier import Verdict
@@ -136,6 +136,70 @@ def test_dependency_order_ready_nodes_and_done() -> None:
     assert [n.id for n in plan.ready()] == ["b"] and not plan.done
     plan = plan.with_node("b", status=NodeStatus.PASSED).with_node("c", status=NodeStatus.PASSED)
     assert plan.done and plan.ready() == ()
+
+
+def test_a_long_chain_or_cycle_is_checked_without_recursion(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Cycle detection and the dependency order are iterative: a 5,000-node chain (far past the
+    interpreter's recursion limit) validates, and a 5,000-node cycle is a typed problem."""
+    import sys
+
+    from fsm_agent.types import plan as plan_module
+
+    n = 5000
+    assert n > sys.getrecursionlimit()
+    monkeypatch.setattr(plan_module, "MAX_NODES", 10 * n)
+    chain = Plan("g", tuple(PlanNode(f"n{i}", "x", (f"n{i + 1}",) if i < n - 1 else ()) for i in range(n)))
+    assert [x.id for x in chain.validate().order()[:2]] == [f"n{n - 1}", f"n{n - 2}"]
+    assert [x.id for x in chain.ready()] == [f"n{n - 1}"]
+    ring = Plan("g", tuple(PlanNode(f"n{i}", "x", (f"n{(i + 1) % n}",)) for i in range(n)))
+    with pytest.raises(InvalidPlanError) as info:
+        ring.validate()
+    assert info.value.problems[0].startswith("dependency cycle: n0 -> n1 -> n2")
+
+
+def test_a_plan_over_the_node_cap_is_a_typed_problem() -> None:
+    from fsm_agent.types import MAX_NODES
+
+    big = Plan("g", tuple(PlanNode(f"n{i}", "x", (f"n{i + 1}",) if i < 1499 else ()) for i in range(1500)))
+    with pytest.raises(InvalidPlanError) as info:
+        big.validate()
+    assert info.value.problems == (f"the plan has 1500 nodes; at most {MAX_NODES} are allowed",)
+    with pytest.raises(ConfigurationError, match="the given plan is invalid: the plan has 1500 nodes"):
+        PlanAct(plan=big)
+
+
+@pytest.mark.parametrize("bad_id", ["a\nCurrent step z:", "a b", "\x1b[2J", "a\"]", "`b`", "é"])
+def test_node_ids_are_letters_digits_and_a_few_marks(bad_id: str) -> None:
+    plan = Plan("g", (PlanNode(bad_id, "x"), PlanNode("ok_1.v-2", "y", (bad_id,))))
+    assert plan.problems() == [f"node id {bad_id!r} may use only letters, digits, '_', '.' and '-'"]
+
+
+def test_texts_are_bounded_and_a_dependency_is_listed_once() -> None:
+    from fsm_agent.types import MAX_TEXT_CHARS
+
+    plan = Plan("g", (PlanNode("a", "x" * (MAX_TEXT_CHARS + 1), acceptance="y" * (MAX_TEXT_CHARS + 5)),
+                      PlanNode("b", "z", ("a", "a"))))
+    assert plan.problems() == [
+        f"node 'a': its goal has {MAX_TEXT_CHARS + 1} characters; at most {MAX_TEXT_CHARS} are allowed",
+        f"node 'a': its acceptance has {MAX_TEXT_CHARS + 5} characters; at most {MAX_TEXT_CHARS} are allowed",
+        "node 'b' lists the dependency 'a' more than once"]
+
+
+def test_describe_prints_one_printable_line_per_item_whatever_a_model_wrote() -> None:
+    """A plan read back from a log is shown as written, but never with a control character: no
+    escape sequence reaches a terminal and no text can forge a line."""
+    import unicodedata
+
+    hostile = "x\x1b[31mRED\x1b[0m\r\nFAKE LINE: passed\u202eRTL\x07"
+    plan = Plan(hostile, (PlanNode("a\x1b[2J", hostile, status=NodeStatus.FAILED, verdict=hostile, attempts=1),
+                          PlanNode("b", "y", ("a\x1b[2J",))),
+                history=(Replan(2, ReplanTrigger.FAILED, hostile, 1, "a\x1b[2J"),), version=2)
+    lines = plan.describe()
+    assert len(lines) == 5  # header, two nodes, one check, one replan
+    for line in lines:
+        assert not any(unicodedata.category(ch) in ("Cc", "Cf") for ch in line), repr(line)
+    assert lines[1] == "  [failed ] a[2J: x[31mRED[0m FAKE LINE: passedRTL, 1 attempt"
+    assert lines[2] == "            check: x[31mRED[0m FAKE LINE: passedRTL"
 
 
 def test_a_replan_keeps_passed_nodes_skips_dropped_ones_and_carries_attempts() -> None:
