@@ -70,7 +70,7 @@ from ..store.sessions import send_control
 from ..types.codec import unstructure
 from ..types.run import StopReason
 from .app import AGENT_KEY, RUNNER_KEY, STORE_KEY, TENANT, TENANTS_KEY
-from .auth import DEFAULT_TENANT
+from .auth import tenant_of
 from .notify import NotifyingStore, Subscription
 from .runs import DECISION_KEY, SERVER_STOPPING, RunRequest, Runner, decision_key, decision_rounds
 from .sse import ClientGone, SSEWriter, encode_frame
@@ -608,11 +608,6 @@ def _decision_kind(stored: Mapping[str, Any]) -> str:
     return str(d.get("kind") if isinstance(d, dict) else d)
 
 
-def _tenant_of(rec: SessionRecord) -> str:
-    t = rec.metadata.get("tenant") if isinstance(rec.metadata, dict) else None
-    return t if isinstance(t, str) and t else DEFAULT_TENANT
-
-
 def _a2a_meta(rec: SessionRecord) -> dict[str, Any]:
     m = rec.metadata.get("a2a") if isinstance(rec.metadata, dict) else None
     return m if isinstance(m, dict) else {}
@@ -757,7 +752,7 @@ class _A2A:
         if len(task_id) > _MAX_ID or any(_bad_char(c) for c in task_id):
             raise RpcError(TASK_NOT_FOUND, f"no task {task_id[:60]!r}")
         rec = await self.store.get_session(task_id)
-        if rec is None or _tenant_of(rec) != request[TENANT]:
+        if rec is None or tenant_of(rec) != request[TENANT]:
             raise RpcError(TASK_NOT_FOUND, f"no task {task_id!r}", {"task_id": task_id})
         return rec
 
@@ -846,7 +841,7 @@ class _A2A:
                 raise RpcError(INVALID_PARAMS, "params.pageToken is not a token this server gave "
                                                "(use nextPageToken of the previous page)") from e
         tenant = request[TENANT]
-        recs = [r for r in await self.store.list_sessions(100_000) if _tenant_of(r) == tenant
+        recs = [r for r in await self.store.list_sessions(100_000) if tenant_of(r) == tenant
                 and (ctx is None or _context_of(r) == ctx) and (after is None or r.updated_at > after)]
         if status is not None:
             recs = [r for r in recs if task_state(r, await self.runner.busy(r.session_id)) == status]
@@ -941,7 +936,7 @@ class _A2A:
             await self.store.create_session(rec)
         except SessionExistsError:
             old = await self.store.get_session(sid)
-            if old is None or _tenant_of(old) != tenant or _a2a_meta(old).get("digest") != msg.digest:
+            if old is None or tenant_of(old) != tenant or _a2a_meta(old).get("digest") != msg.digest:
                 raise RpcError(INVALID_PARAMS, f"messageId {msg.message_id!r} was already used for a different "
                                                "message: give each new message a new messageId") from None
             return old, 0, False  # a retry of the same message: the task it created

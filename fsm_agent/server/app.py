@@ -51,7 +51,7 @@ from ..types.codec import unstructure
 from ..machine.phases import Phase
 from ..types.run import StopReason
 from .auth import (AUTH_COOKIE, CSRF_COOKIE, DEFAULT_TENANT, PUBLIC, Forbidden, Tenants, Unauthorized,
-                   authenticate, check_same_origin, set_cookies)
+                   authenticate, check_same_origin, set_cookies, tenant_of)
 from .http import Problem, check_fields, json_body, json_response, opt_bool, opt_str, problems
 from .notify import LiveDeltas, Notifier, NotifyingStore, Subscription
 from .openapi import openapi_document
@@ -124,11 +124,6 @@ def _seq(raw: str, what: str) -> int:
     if not raw.isascii() or not raw.isdigit() or int(raw) > _MAX_SEQ:
         raise Problem(400, "Wrong field", f"{what} must be an event seq >= 0 (at most 2**63-1), not {raw[:40]!r}")
     return int(raw)
-
-
-def _tenant_of(rec: SessionRecord) -> str:
-    t = rec.metadata.get("tenant") if isinstance(rec.metadata, dict) else None
-    return t if isinstance(t, str) and t else DEFAULT_TENANT
 
 
 class _Server:
@@ -220,7 +215,7 @@ class _Server:
         """The session of the path, for the request's tenant (another tenant's session is 404)."""
         sid = _check_sid(sid if sid is not None else request.match_info["sid"])
         rec = await self.store.get_session(sid)
-        if rec is None or _tenant_of(rec) != request[TENANT]:
+        if rec is None or tenant_of(rec) != request[TENANT]:
             raise Problem(404, "Unknown session", f"no session {sid!r}")
         return rec
 
@@ -252,7 +247,7 @@ class _Server:
         limits = _limits(data)
         confirm = opt_bool(data, "confirm_cancel")
         rec = await self.store.get_session(sid)
-        if rec is None or _tenant_of(rec) != request[TENANT]:
+        if rec is None or tenant_of(rec) != request[TENANT]:
             if task is None:
                 raise Problem(404, "Unknown session", f"no session {sid!r}; give a task to create it")
             if rec is not None:
@@ -300,7 +295,7 @@ class _Server:
     async def snapshot(self, rec: SessionRecord, *, usage: bool = True) -> dict[str, Any]:
         stop = rec.stop or None
         out: dict[str, Any] = {
-            "session_id": rec.session_id, "tenant": _tenant_of(rec), "state": rec.state, "goal": rec.goal,
+            "session_id": rec.session_id, "tenant": tenant_of(rec), "state": rec.state, "goal": rec.goal,
             "stop": stop, "pending_approvals": list((stop or {}).get("pending_actions") or ()) if
             rec.state == StopReason.WAITING_HUMAN.value else [],
             "last_seq": rec.last_seq, "running": await self.runner.busy(rec.session_id),
@@ -334,7 +329,7 @@ class _Server:
         if state is not None and state not in _STATES:
             raise Problem(400, "Wrong field", f"state must be one of {', '.join(sorted(_STATES))}, not {state[:40]!r}")
         recs = [r for r in await self.store.list_sessions(10_000)
-                if _tenant_of(r) == request[TENANT] and (state is None or r.state == state)][:limit]
+                if tenant_of(r) == request[TENANT] and (state is None or r.state == state)][:limit]
         return json_response({"sessions": [await self.snapshot(r, usage=False) for r in recs]})
 
     # -- the event stream ------------------------------------------------------------------

@@ -5,8 +5,10 @@
   = ``tenant:token,tenant:token``, or ``FSM_AGENT_TOKENS_FILE`` = a path). Without tokens the
   server has one tenant, ``default``, and no sign-in: :func:`check_bind` then refuses every
   address but loopback.
-* **Every session belongs to one tenant** (its ``metadata["tenant"]``; a session made outside the
-  server belongs to ``default``). A session of another tenant answers 404 on every route.
+* **Every session belongs to one tenant** (its ``metadata["tenant"]``; a sub-agent's session
+  copies its parent's; a session made outside the server has none and belongs to ``default``,
+  :func:`tenant_of`). A session of another tenant answers 404 on every route. With tokens no tenant
+  may be named ``default``, so sessions without a tenant are nobody's to read.
 * **The page** signs in once (``POST /auth/login`` with the token) and then uses the HttpOnly
   cookie ``fsm_auth``: ``EventSource`` cannot send headers. The cookie is
   ``tenant.expiry.hmac`` signed with a key derived from the configured tokens, so every replica
@@ -36,15 +38,25 @@ from pathlib import Path
 from aiohttp import web
 
 from ..errors import ConfigurationError
+from ..store.base import SessionRecord
 
-__all__ = ["AUTH_COOKIE", "CSRF_COOKIE", "CSRF_HEADER", "DEFAULT_TENANT", "Tenants", "check_bind", "check_same_origin", "is_loopback"]
+__all__ = ["AUTH_COOKIE", "CSRF_COOKIE", "CSRF_HEADER", "DEFAULT_TENANT", "Tenants", "check_bind", "check_same_origin",
+           "is_loopback", "tenant_of"]
 
 DEFAULT_TENANT = "default"
+"""The tenant of a session without one (made outside the server), and the one tenant of a server
+without tokens. Reserved: no token may name it."""
 AUTH_COOKIE = "fsm_auth"
 CSRF_COOKIE = "fsm_csrf"
 CSRF_HEADER = "X-CSRF-Token"
 COOKIE_TTL = 12 * 3600.0
 """Seconds a sign-in cookie lasts."""
+
+
+def tenant_of(record: SessionRecord) -> str:
+    """The tenant a session belongs to: its ``metadata["tenant"]``, else :data:`DEFAULT_TENANT`."""
+    t = record.metadata.get("tenant") if isinstance(record.metadata, dict) else None
+    return t if isinstance(t, str) and t else DEFAULT_TENANT
 
 
 class Tenants:
@@ -54,7 +66,8 @@ class Tenants:
         tokens: token -> tenant. Empty: no authentication (one tenant, ``default``; loopback only).
 
     Raises:
-        ConfigurationError: an empty token or tenant, or a token shorter than 16 characters.
+        ConfigurationError: an empty token or tenant, a token shorter than 16 characters, or a tenant
+            named ``default`` (:data:`DEFAULT_TENANT`, reserved).
     """
 
     def __init__(self, tokens: Mapping[str, str] | None = None) -> None:
@@ -65,6 +78,10 @@ class Tenants:
                                          "use e.g. `python -c 'import secrets; print(secrets.token_urlsafe())'`")
             if not tenant or any(c in tenant for c in ":,.\r\n\0"):
                 raise ConfigurationError(f"bad tenant name {tenant!r}: non-empty, without ':' ',' '.' or line breaks")
+            if tenant == DEFAULT_TENANT:
+                raise ConfigurationError(f"the tenant name {DEFAULT_TENANT!r} is reserved: sessions made outside the "
+                                         "server (and a server without tokens) belong to it; give this token's "
+                                         "tenant another name")
         material = "\n".join(sorted(f"{t}:{k}" for k, t in self.tokens.items())).encode()
         self._key = hashlib.sha256(b"fsm-agent cookie key\n" + material).digest() if self.tokens \
             else secrets.token_bytes(32)
