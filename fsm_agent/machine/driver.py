@@ -48,7 +48,7 @@ import orjson
 from attrs import evolve
 
 from ..chain import MiddlewareChain
-from ..errors import ContextLengthExceededError, LeaseLost, MiddlewareError, ProviderError, StopRun, StoreError
+from ..errors import ContextLengthExceededError, LeaseLost, MiddlewareError, ProviderError, Signal, StopRun, StoreError
 from ..hooks import HookBus
 from ..middleware import Complete, Continue
 from ..providers.base import Provider, call_deadline, retry_listener
@@ -89,8 +89,10 @@ MANY_TOOLS = 25
 _MIDPHASE_CONTROLS = (ControlKind.INTERRUPT, ControlKind.CANCEL)
 
 
-class _ControlHit(Exception):
-    """Raised inside the driver when the watcher (or a signal) cancelled a phase for a control event."""
+class _ControlHit(Signal):
+    """Raised inside the driver when the watcher (or a signal) cancelled a phase, or a middleware's
+    side call (``ctx.call_provider`` in PreTurn or PostTurn), for a control event. A :class:`Signal`,
+    so the middleware chain lets it through to the driver like a ``StopRun``."""
 
 
 class Driver:
@@ -136,6 +138,9 @@ class Driver:
         self.midturn = MidTurn(self)
         self._phase_task: asyncio.Task[Any] | None = None
         self._control_hit = False
+        self._control_pending = False
+        """A control cut a side call and the middleware that made it went on anyway (it caught the
+        signal): no further phase or side call starts until the controls are taken."""
         self._local_interrupt: str | None = None
         """An interrupt raised in this process (a signal): consumed like a queued Interrupt."""
         self._lease_failed: str | None = None
@@ -391,6 +396,8 @@ class Driver:
                             {"error": {"kind": "middleware", "message": f"unknown stop reason {sig.reason!r}"}})
             return Stop(reason, sig.detail or f"stopped by middleware: {sig.reason}", dict(sig.payload))
         except MiddlewareError as exc:
+            if self._lease_failed is not None:  # a middleware's side call was stopped because the lease is gone
+                raise LeaseLost(self._lease_failed) from exc
             await self._close_open_calls(keep_unstarted=False)
             return Stop(StopReason.FAILED_TERMINAL, str(exc),
                         {"error": {"kind": "middleware", "middleware": exc.middleware, "hook": exc.hook,
@@ -406,12 +413,14 @@ class Driver:
                         {"error": {"kind": "internal", "message": str(exc)}})
 
     async def _in_task(self, coro: Any) -> Any:
-        """Run a phase so that the control watcher can cancel it (Interrupt/Cancel mid-phase)."""
-        if self.journal is None and self._local_interrupt is None:
+        """Run a phase (or a middleware's side call) so that the control watcher can cancel it
+        (Interrupt/Cancel mid-phase)."""
+        if self.journal is None and self._local_interrupt is None and not self._control_pending:
             return await coro
         task = asyncio.ensure_future(coro)
         self._phase_task = task
-        if self._local_interrupt is not None:  # a signal landed between phases: this phase does not start
+        if self._local_interrupt is not None or self._control_pending:
+            # a signal landed between phases, or a control already cut a side call: this does not start
             self._control_hit = True
             task.cancel()
         try:
@@ -525,6 +534,8 @@ class Driver:
     async def take(self, *kinds: ControlKind) -> list[ControlRecord]:
         """Take queued control events of ``kinds`` (each once), recording them in the log."""
         taken: list[ControlRecord] = []
+        if ControlKind.INTERRUPT in kinds and ControlKind.CANCEL in kinds:
+            self._control_pending = False  # the control that cut a side call is taken now
         if self._local_interrupt is not None and ControlKind.INTERRUPT in kinds:
             taken.append(ControlRecord(self.ctx.session_id, ControlKind.INTERRUPT, self._local_interrupt))
             self._local_interrupt = None
@@ -537,7 +548,9 @@ class Driver:
         return taken
 
     async def _mid_phase_control(self) -> Outcome:
-        """An Interrupt or Cancel arrived while the model or tools ran (the phase was cancelled)."""
+        """An Interrupt or Cancel arrived while the model or tools ran, or while a middleware's side
+        call ran (the phase, or the call, was cancelled)."""
+        self._control_pending = False
         controls = await self.take(*_MIDPHASE_CONTROLS)
         cancel = next((c for c in controls if c.kind is ControlKind.CANCEL), None)
         interrupt = next((c for c in controls if c.kind is ControlKind.INTERRUPT), None)
@@ -761,18 +774,47 @@ class Driver:
         """One call to ``provider`` (default: the run's), streamed when configured; deltas go to observers.
 
         ``account``: add the call's usage and cost to the run (for calls made outside the Model phase,
-        such as a model-graded verifier's; the Model phase accounts its own call)."""
-        response = await self._call(request, provider or self.ctx.provider)
+        such as a model-graded verifier's; the Model phase accounts its own call).
+
+        A side call made outside the Model and MidTurn phases (a planner's or a grader's, in PreTurn
+        or PostTurn) runs as a task the control watcher cancels, as it cancels the Model phase's call:
+        an Interrupt or a Cancel cuts it within one ``control_poll`` and ends the run (INTERRUPTED or
+        CANCELLED, from the phase the call was made in), and no further model call starts. The cut
+        call's tokens count as estimated (with ``account``), and a ``model_call_interrupted`` event
+        with ``side_call: true`` is logged. Inside the Model or MidTurn phase, the phase's own task
+        carries the cancellation."""
+        provider = provider or self.ctx.provider
+        streamed: list[str] = []
+        if self._phase_task is not None:
+            response = await self._call(request, provider, streamed)
+        else:
+            try:
+                response = await self._in_task(self._call(request, provider, streamed))
+            except _ControlHit:
+                self._control_pending = True  # honoured even if the middleware catches the signal
+                run = self.run_state
+                if account:
+                    run.usage = run.usage + Usage(count_message_tokens(request.messages),
+                                                  count_tokens("".join(streamed)), estimated=True)
+                if self.journal is not None:
+                    self.journal.record("model_call_interrupted",
+                                        {"streamed_chars": sum(len(t) for t in streamed), "side_call": True,
+                                         "phase": self.ctx.state_name}, run.turn)
+                raise
         if account:
             self._account(request, response)
         return response
 
-    async def _call(self, request: MessageRequest, provider: Provider) -> MessageResponse:
+    async def _call(self, request: MessageRequest, provider: Provider,
+                    streamed: list[str] | None = None) -> MessageResponse:
+        """One provider call, streamed when configured. Text deltas are collected in ``streamed``
+        (default: :attr:`_streamed`, the Model phase's call in flight)."""
         ctx = self.ctx
         if not (self.run_state.config.stream and provider.capabilities.streaming):
             return await provider.chat(request)
         final: MessageResponse | None = None
-        streamed = self._streamed = []
+        if streamed is None:
+            streamed = self._streamed = []
         wants = self.bus.wants(ModelStreamEvent)
         chain = self.chain
         has_filters = chain.filters_model_events
