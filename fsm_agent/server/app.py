@@ -32,7 +32,6 @@ A run never waits on a client: the store only sets wake-up flags (:mod:`fsm_agen
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
@@ -53,19 +52,20 @@ from ..types.run import StopReason
 from .auth import (AUTH_COOKIE, CSRF_COOKIE, DEFAULT_TENANT, PUBLIC, Forbidden, Tenants, Unauthorized,
                    authenticate, check_same_origin, set_cookies, tenant_of)
 from .http import Problem, check_fields, json_body, json_response, opt_bool, opt_str, problems
-from .notify import LiveDeltas, Notifier, NotifyingStore, Subscription
+from .notify import LiveDeltas, Notifier, NotifyingStore
 from .openapi import openapi_document
 from .review import add_review_routes
 from .runs import LocalRunner, RunRequest, Runner, decision_key, decision_rounds, stored_decisions
-from .sse import ClientGone, SSEWriter, event_frame
+from .tail import LogTail
 
-__all__ = ["AGENT_KEY", "RUNNER_KEY", "STORE_KEY", "Notifier", "NotifyingStore", "create_app"]
+__all__ = ["AGENT_KEY", "RUNNER_KEY", "STORE_KEY", "TAIL_KEY", "Notifier", "NotifyingStore", "create_app"]
 
-TERMINAL_EVENT = "run_stopped"
 CONTROL_KEY = "control:"
 """Prefix of the idempotency key of a control sent with an ``Idempotency-Key`` header."""
 
 AGENT_KEY = web.AppKey("fsm_agent", Agent)
+TAIL_KEY = web.AppKey("fsm_tail", LogTail)
+"""The app's :class:`~fsm_agent.server.tail.LogTail`: its event streams (REST and A2A) and their settings."""
 STORE_KEY = web.AppKey("fsm_store", NotifyingStore)
 RUNNER_KEY = web.AppKey("fsm_runner", Runner)
 TENANTS_KEY = web.AppKey("fsm_tenants", Tenants)
@@ -130,19 +130,10 @@ class _Server:
     """The routes over one agent, store, runner and set of tenants."""
 
     def __init__(self, agent: Agent, store: NotifyingStore, runner: Runner, tenants: Tenants,
-                 cors_origins: frozenset[str], heartbeat: float, send_timeout: float, retry_ms: int) -> None:
+                 cors_origins: frozenset[str], tail: LogTail) -> None:
         self.agent, self.store, self.runner, self.tenants = agent, store, runner, tenants
         self.cors_origins = cors_origins
-        self.heartbeat, self.send_timeout, self.retry_ms = heartbeat, send_timeout, retry_ms
-        self.closing = False
-        self.streams: set[Subscription] = set()
-
-    async def on_shutdown(self, app: web.Application) -> None:
-        """End every open event stream at once (a client reconnects to the next server with its
-        Last-Event-ID): a graceful stop does not wait on them."""
-        self.closing = True
-        for sub in list(self.streams):
-            sub.wake.set()
+        self.tail = tail
 
     # -- auth, CORS ------------------------------------------------------------------------
     @web.middleware
@@ -351,58 +342,7 @@ class _Server:
     async def stream(self, request: web.Request, sid: str, after: int,
                      headers: dict[str, str] | None = None) -> web.StreamResponse:
         """Replay the log after ``after``, then tail it live (see the module docstring)."""
-        store, notifier = self.store, self.store.notifier
-        if self.closing:  # 200 with `retry:` and an end: a browser's EventSource reconnects (a 503 would end it)
-            writer = SSEWriter(request, retry_ms=self.retry_ms, send_timeout=self.send_timeout, headers=headers)
-            try:
-                await writer.prepare()
-                await writer.close()
-            except ClientGone:
-                pass
-            return writer.response
-        sub = notifier.subscribe(sid)  # subscribe first, then read the log: no gap
-        self.streams.add(sub)
-        writer = SSEWriter(request, retry_ms=self.retry_ms, send_timeout=self.send_timeout,
-                           heartbeat=self.heartbeat, headers=headers)
-        try:
-            await writer.prepare()
-            last = after
-            last_type = None
-            if after > 0:
-                prev = await store.read_events(sid, after_seq=after - 1, until_seq=after)
-                last_type = prev[-1].type if prev else None
-            while True:
-                sub.wake.clear()
-                for ev in await store.read_events(sid, after_seq=last):
-                    if ev.seq <= last:
-                        continue
-                    await writer.write(event_frame(ev))
-                    last, last_type = ev.seq, ev.type
-                notifier.observe(sid, last)
-                if last_type == TERMINAL_EVENT and not await self.runner.busy(sid):
-                    # a run may have been queued after the stop was read: check the log once more
-                    if not await store.read_events(sid, after_seq=last, until_seq=last + 1):
-                        await writer.close()  # the terminal event is the last frame
-                        break
-                    continue
-                live = sub.take_live(last)
-                if last_type != TERMINAL_EVENT:  # after a stop, live frames of the ended run are stale
-                    for frame in live:
-                        await writer.write(frame)
-                if self.closing:
-                    await writer.close()
-                    break
-                try:
-                    async with asyncio.timeout(self.heartbeat):
-                        await sub.wake.wait()
-                except TimeoutError:
-                    await writer.send_heartbeat()
-        except ClientGone:
-            pass
-        finally:
-            self.streams.discard(sub)
-            notifier.unsubscribe(sub)
-        return writer.response
+        return await self.tail.stream(request, sid, after, headers=headers)
 
     # -- control and approvals -------------------------------------------------------------
     async def _idempotent(self, request: web.Request, sid: str, key: str, value: dict[str, Any],
@@ -629,8 +569,8 @@ def create_app(
     else:
         the_runner = runner(the_agent, nstore)
     the_tenants = tenants if tenants is not None else Tenants.from_env()
-    srv = _Server(the_agent, nstore, the_runner, the_tenants, frozenset(cors_origins), heartbeat, send_timeout,
-                  retry_ms)
+    tail = LogTail(nstore, the_runner, heartbeat=heartbeat, send_timeout=send_timeout, retry_ms=retry_ms)
+    srv = _Server(the_agent, nstore, the_runner, the_tenants, frozenset(cors_origins), tail)
 
     async def on_startup(app: web.Application) -> None:
         await the_runner.start()
@@ -643,6 +583,7 @@ def create_app(
     app[STORE_KEY] = nstore
     app[RUNNER_KEY] = the_runner
     app[TENANTS_KEY] = the_tenants
+    app[TAIL_KEY] = tail
     r = app.router
     r.add_get("/healthz", srv.healthz)
     r.add_get("/openapi.json", srv.openapi)
@@ -660,6 +601,6 @@ def create_app(
     add_review_routes(app)
     app.on_response_prepare.append(srv.on_prepare)
     app.on_startup.append(on_startup)
-    app.on_shutdown.append(srv.on_shutdown)
+    app.on_shutdown.append(tail.on_shutdown)
     app.on_cleanup.append(on_cleanup)
     return app
