@@ -9,8 +9,8 @@ Built once, at construction:
 2. **Order**: list order is wrapping order (first listed = outermost).
    Declarative :class:`~fsm_agent.middleware.Ordering` constraints are
    applied with a stable topological sort in which the user's order breaks
-   ties (like pydantic-ai's capability ordering). Cycles, duplicate names and
-   missing requirements raise :class:`~fsm_agent.errors.ChainError`.
+   ties (like pydantic-ai's capability ordering). Cycles, duplicate names,
+   missing requirements and declared conflicts raise :class:`~fsm_agent.errors.ChainError`.
 3. **Compose**, when the chain is frozen (before the first run): one tuple of bound hook methods
    per phase, already filtered and ordered, and one composed onion per ``wrap_*`` hook. The
    driver calls typed methods (:meth:`MiddlewareChain.pre_turn`, :meth:`~MiddlewareChain.model_call`
@@ -74,7 +74,8 @@ def resolve_order(items: Sequence[Middleware]) -> list[Middleware]:
     """Apply ordering constraints; user order breaks ties.
 
     Raises:
-        ChainError: duplicate names, a missing requirement, an unknown position, or a cycle.
+        ChainError: duplicate names, a missing requirement, a declared conflict, an unknown
+            position, or a cycle.
     """
     names = [m.middleware_name for m in items]
     seen: set[str] = set()
@@ -92,6 +93,10 @@ def resolve_order(items: Sequence[Middleware]) -> list[Middleware]:
         if missing:
             raise ChainError(f"middleware {m.middleware_name!r} requires {', '.join(map(repr, missing))}, "
                              "which is not in the chain; add it or remove the requirement")
+        for other, why in o.conflicts:
+            if other in index and other != m.middleware_name:
+                raise ChainError(f"middleware {m.middleware_name!r} cannot be in one chain with {other!r}"
+                                 f"{': ' + why if why else ''}; remove one of them")
     # edges: a -> b means a must come before (outside) b
     graph: dict[str, set[str]] = {n: set() for n in names}  # node -> predecessors
     for m in items:

@@ -89,6 +89,14 @@ def _tuple(v: Any) -> tuple[str, ...]:
     return (v,) if isinstance(v, str) else tuple(v)
 
 
+def _conflicts(v: Any) -> tuple[tuple[str, str], ...]:
+    if isinstance(v, str):
+        return ((v, ""),)
+    if isinstance(v, Mapping):
+        return tuple((str(k), str(why)) for k, why in v.items())
+    return tuple((x, "") if isinstance(x, str) else (str(x[0]), str(x[1])) for x in v)
+
+
 @frozen
 class Ordering:
     """Declarative placement in the chain (resolved once, when the chain is built).
@@ -96,15 +104,20 @@ class Ordering:
     ``position``: ``"outermost"`` or ``"innermost"`` pins the middleware to an
     end (list order breaks ties among several). ``wraps``: names this one must
     sit outside of. ``wrapped_by``: names that must sit outside this one.
-    ``requires``: names that must be present. Unknown names in ``wraps`` /
-    ``wrapped_by`` are ignored (the other plugin is optional); a missing
-    requirement or a cycle is a :class:`~fsm_agent.errors.ChainError`.
+    ``requires``: names that must be present. ``conflicts``: names that must not
+    be in the same chain, each with why (a mapping ``{name: reason}``, or names
+    alone). Unknown names in ``wraps`` / ``wrapped_by`` are ignored (the other
+    plugin is optional); a missing requirement, a conflict or a cycle is a
+    :class:`~fsm_agent.errors.ChainError`.
     """
 
     position: str | None = None
     wraps: tuple[str, ...] = field(default=(), converter=_tuple)
     wrapped_by: tuple[str, ...] = field(default=(), converter=_tuple)
     requires: tuple[str, ...] = field(default=(), converter=_tuple)
+    conflicts: tuple[tuple[str, str], ...] = field(default=(), converter=_conflicts)
+    """``(name, reason)`` pairs: a middleware named ``name`` in the same chain is a ChainError
+    that gives ``reason``."""
 
 
 # -- decisions -------------------------------------------------------------------

@@ -22,6 +22,7 @@ from fsm_agent import (
     tool,
 )
 from fsm_agent.chain import MiddlewareChain
+from fsm_agent.errors import ChainError
 from fsm_agent.providers import tool_call_response
 from fsm_agent.types import TextDelta, UserMessage
 
@@ -105,6 +106,26 @@ def test_declared_order_wins_and_user_order_breaks_ties() -> None:
     assert [m.middleware_name for m in chain.middleware] == ["Outer", "WrapsNeeds", "NeedsOuter", "Inner"]
     chain = MiddlewareChain([Layer("b"), Layer("a"), Inner(), Layer("c")])
     assert [m.middleware_name for m in chain.middleware] == ["b", "a", "c", "Inner"]
+
+
+class Judge(Middleware):
+    ordering = Ordering(conflicts={"Outer": "both decide when the run is complete"})
+
+
+class Loner(Middleware):
+    ordering = Ordering(conflicts=("Inner",))
+
+
+def test_a_declared_conflict_is_refused_whatever_the_order() -> None:
+    for items in ([Judge(), Outer()], [Outer(), Judge()]):
+        with pytest.raises(ChainError, match="middleware 'Judge' cannot be in one chain with 'Outer': both decide "
+                                             "when the run is complete; remove one of them"):
+            MiddlewareChain(items)
+    with pytest.raises(ChainError, match="middleware 'Loner' cannot be in one chain with 'Inner'; remove one"):
+        MiddlewareChain([Inner(), Loner()])
+    assert [m.middleware_name for m in MiddlewareChain([Judge(), Loner()]).middleware] == [
+        "Judge", "Loner"]  # a conflict with a name that is absent is no conflict
+    assert Ordering(conflicts={"a": "why"}).conflicts == (("a", "why"),)
 
 
 class Boom(Middleware):
