@@ -5,30 +5,35 @@ Seed 004 §10 asks for a single agent, three injected faults (a tool timeout, a 
 SSE disconnect), then a Replanner and a Verifier, and a comparison of "relying only on the model"
 with "runtime control" on success rate, duplicate side effects and recovery time. This script runs
 that comparison, in one run, on a fixed task set (``_control_world.TASKS``: 8 support-desk tasks,
-5 of them with side effects), for two modes:
+5 of them with side effects), in these modes:
 
 * ``model only``: a bare ReAct loop, as one writes it around a model API (:func:`naive_attempt`):
   call the model (streamed), run the tools it asks for, feed the results back, until it answers
   (at most ``--max-turns`` calls). No retries, no tool timeout, no verifier, no replanner, no
-  ledger, no checkpoint. The user's rules: an interrupt, a dropped stream or an attempt that
-  passes the wall limit (``--wall``: how long the user waits for a hung attempt) makes the user
-  start again from the task, up to ``--user-attempts`` attempts in all; an answer is taken as it is.
+  ledger, no checkpoint. The user's rules: an interrupt, a dropped stream, an attempt that passes
+  the wall limit (``--wall``: how long the user waits for a hung attempt) or no answer makes the
+  user start again from the task, up to ``--user-attempts`` attempts in all; an answer is taken as
+  it is.
 * ``runtime control``: an fsm_agent :class:`~fsm_agent.Agent` on a SQLite store, with the
   ``retry`` plugin (re-issues a dropped model call), the default plugins (``repair``,
-  ``loop_detection``), a ``tool_policy`` (an allow-list with argument rules), a ``verifier``
-  whose check is the task's acceptance rule (the answer must quote values from successful tool
-  results of this run; it reads the transcript, never the world), the ``planact`` plugin's
-  planner and replanner when it is installed, ``RunConfig.tool_timeout`` and the tool-call
-  ledger. An interrupt is ``Agent.interrupt_all``; the user then resumes (``Agent.resume``), and
-  resumes any resumable stop, up to ``--user-attempts`` runs and resumes in all.
+  ``loop_detection``), a ``tool_policy`` (an allow-list with argument rules), the ``planact``
+  plugin (a planner, programmatic node checks, a replanner when a node fails its check: the node
+  checks are the verifier, built from the task's acceptance rule, which reads the transcript,
+  never the world), ``RunConfig.tool_timeout`` and the tool-call ledger. An interrupt is
+  ``Agent.interrupt_all``; the user then resumes (``Agent.resume``), and resumes any resumable
+  stop, up to ``--user-attempts`` runs and resumes in all.
+* ``runtime control, verifier only`` (``--modes ...,verifier``; on by default for the scripted
+  model): the same with the ``verifier`` plugin (the task's whole acceptance rule) in place of
+  PlanAct; the two cannot share a chain, as PostTurn takes the first decision.
 
 Both modes use the same provider object type and settings (the real OpenAI-compatible HTTP
 provider, streaming, its default HTTP retries) through the same fault proxy, the same tools and
 the same seeded fault schedule. Each run (task x repeat) gets one combination of faults, in
 turn: a tool timeout, a user interrupt, an SSE disconnect, or all three; where each lands (which
 model call, after how many SSE events; which tool execution, how far into it) is drawn from a
-``random.Random`` seeded by ``--seed``, task and repeat, so both modes get the same schedule. A
-fault fires once per run, at the first chance at or after its scheduled point.
+``random.Random`` seeded by ``--seed``, task and repeat, so every mode gets the same schedule. A
+fault fires once per run, at the first chance at or after its scheduled point; model faults count
+only the agent's own turns (requests that offer tools), never planner, replanner or grader calls.
 
 * **tool timeout**: the scheduled tool execution hangs (a connection that never answers) until it
   is cancelled: by ``RunConfig.tool_timeout`` (``--tool-timeout``) under control, by the user's
@@ -52,9 +57,12 @@ first fault to its correct finish; median and p90 over the runs that finished co
 calls (requests that reached the model server, dropped ones included) and tokens (as reported by
 the server for the calls that completed).
 
-    python bench/control_vs_model.py                     # scripted x5 repeats, local x1, writes docs/
+    python bench/control_vs_model.py                     # scripted x5 repeats, local x1, writes docs/ (≈ 12 min)
     python bench/control_vs_model.py --quick             # scripted x1, local on 2 tasks; docs/ left alone
     python bench/control_vs_model.py --repeats 10 --no-local --no-docs
+    python bench/control_vs_model.py --docs-from bench/results/control_vs_model-latest.json
+
+The exact rules and the last full run's numbers: ``docs/control_vs_model.md``.
 """
 
 from __future__ import annotations
