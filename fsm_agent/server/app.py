@@ -42,7 +42,7 @@ from aiohttp import web
 from ..agent import Agent
 from ..control import Decision
 from ..diagrams import latest_plan, render_machine, render_plan
-from ..errors import ConfigurationError, ResumeError, SessionExistsError, ToolArgumentsError
+from ..errors import ConfigurationError, ResumeError, SessionExistsError
 from ..hooks import HookBus
 from ..store.base import QUEUED, ControlKind, SessionRecord, Store
 from ..store.sessions import send_control
@@ -55,7 +55,8 @@ from .http import Problem, check_fields, json_body, json_response, opt_bool, opt
 from .notify import LiveDeltas, Notifier, NotifyingStore
 from .openapi import openapi_document
 from .review import add_review_routes
-from .runs import LocalRunner, RunRequest, Runner, decision_key, decision_rounds, stored_decisions
+from .runs import (DECISION_KINDS, RESUME_LIMITS, DecisionRefused, LocalRunner, RunRequest, Runner, decision_key,
+                   decision_record, decision_rounds, stored_decisions)
 from .tail import LogTail
 
 __all__ = ["AGENT_KEY", "RUNNER_KEY", "STORE_KEY", "TAIL_KEY", "Notifier", "NotifyingStore", "create_app"]
@@ -74,16 +75,21 @@ TENANT = web.RequestKey("fsm_tenant", str)
 
 _CONTROL_KINDS = {"interrupt": ControlKind.INTERRUPT, "cancel": ControlKind.CANCEL, "steer": ControlKind.STEER,
                   "followup": ControlKind.FOLLOWUP}
-_DECISION_KINDS = ("approve", "edit", "reject", "respond")
+_DECISION_KINDS = DECISION_KINDS
 _RESUMABLE = {r.value for r in StopReason if r.resumable}
 _STATES = frozenset({QUEUED} | {p.value for p in Phase} | {r.value for r in StopReason})
 
 
-_LIMITS: dict[str, tuple[type, ...]] = {"max_iterations": (int,), "max_wall_clock": (int, float),
-                                       "max_tokens": (int,), "max_cost_usd": (int, float),
-                                       "max_output_tokens": (int,), "tool_timeout": (int, float)}
-"""The RunConfig fields a resume may raise, with the JSON types they take."""
+_LIMITS = RESUME_LIMITS
+_REFUSED = {"not_pending": (404, "Not pending"), "not_waiting": (409, "Not waiting"),
+            "not_allowed": (409, "Decision not allowed"), "bad_arguments": (400, "Wrong field")}
+"""The problem (status, title) of each DecisionRefused kind."""
 _MAX_SEQ = 2**63 - 1
+A2A_ID_PREFIX = "a2a-"
+"""Session ids with this prefix belong to A2A tasks (:mod:`fsm_agent.server.a2a` derives them from
+the tenant and the message id). The REST routes refuse it for a session id a client chooses, before
+looking anything up: no tenant can take another tenant's task id first, nor learn whether one
+exists."""
 
 
 def _bad_char(c: str) -> bool:
@@ -98,6 +104,19 @@ def _check_id(value: str, what: str) -> str:
 
 def _check_sid(sid: str) -> str:
     return _check_id(sid, "session id")
+
+
+def _check_new_sid(sid: str) -> str:
+    """A session id a client chooses for a new session."""
+    _check_sid(sid)
+    if sid.startswith(A2A_ID_PREFIX):
+        raise Problem(400, "Wrong field", f"session ids starting with {A2A_ID_PREFIX!r} are reserved for A2A tasks: "
+                                          "choose another id, or none (the server then picks one)")
+    return sid
+
+
+def _exists(sid: str) -> Problem:
+    return Problem(409, "Session exists", f"session {sid!r} exists: start a run without a task to resume it")
 
 
 def _limits(data: dict[str, Any]) -> dict[str, Any]:
@@ -121,7 +140,7 @@ def _limits(data: dict[str, Any]) -> dict[str, Any]:
 
 def _seq(raw: str, what: str) -> int:
     raw = raw.strip()
-    if not raw.isascii() or not raw.isdigit() or int(raw) > _MAX_SEQ:
+    if not raw.isascii() or not raw.isdigit() or len(raw) > 19 or int(raw) > _MAX_SEQ:
         raise Problem(400, "Wrong field", f"{what} must be an event seq >= 0 (at most 2**63-1), not {raw[:40]!r}")
     return int(raw)
 
@@ -211,13 +230,13 @@ class _Server:
         return rec
 
     async def create(self, request: web.Request, sid: str | None, task: str) -> SessionRecord:
-        sid = _check_sid(sid) if sid is not None else uuid.uuid4().hex
+        sid = _check_new_sid(sid) if sid is not None else uuid.uuid4().hex
         rec = SessionRecord(sid, QUEUED, goal=task[:2000], metadata={"tenant": request[TENANT], "task": task})
         try:
             await self.store.create_session(rec)
         except SessionExistsError as e:
             # another tenant's session of that id is none of this tenant's business: same answer as its own
-            raise Problem(409, "Session exists", f"session {sid!r} exists: start a run without a task to resume it") from e
+            raise _exists(sid) from e
         await self.runner.submit(RunRequest(sid, "start", task=task))
         return rec
 
@@ -237,16 +256,18 @@ class _Server:
         task = opt_str(data, "task")
         limits = _limits(data)
         confirm = opt_bool(data, "confirm_cancel")
+        if task is not None:
+            _check_new_sid(sid)  # before the lookup: the answer says nothing of whether it exists
         rec = await self.store.get_session(sid)
         if rec is None or tenant_of(rec) != request[TENANT]:
             if task is None:
                 raise Problem(404, "Unknown session", f"no session {sid!r}; give a task to create it")
             if rec is not None:
-                raise Problem(409, "Session exists", f"session {sid!r} exists")
+                raise _exists(sid)  # another tenant's: the same answer as for one's own
             await self.create(request, sid, task)
             return sid, 0
         if task is not None:
-            raise Problem(409, "Session exists", f"session {sid!r} exists: start a run without a task to resume it")
+            raise _exists(sid)
         if rec.state == QUEUED:
             raise Problem(409, "Cannot resume", f"session {sid} is queued: its first run has not started")
         if await self.runner.busy(sid):
@@ -411,40 +432,21 @@ class _Server:
         replay = await self._idempotent(request, sid, key, value, describe)
         if replay is not None:
             return replay
-        pending = {p["call"]["id"]: p for p in (rec.stop or {}).get("pending_actions") or ()} \
-            if rec.state == StopReason.WAITING_HUMAN.value else {}
-        p = pending.get(call_id)
-        if p is None:
-            if round_ > 0:  # a repeat after the decision was applied: the first outcome, nothing runs again
+        try:
+            record = decision_record(rec, call_id, decision, round_, self.agent.tools)
+        except DecisionRefused as e:
+            if e.kind in ("not_pending", "not_waiting") and round_ > 0:
+                # a repeat after the decision was applied: the first outcome, nothing runs again
                 replay = await self._idempotent(request, sid, decision_key(call_id, round_ - 1), value, describe)
                 if replay is not None:
                     return replay
-            if rec.state == StopReason.WAITING_HUMAN.value:
-                raise Problem(404, "Not pending", f"no pending tool call {call_id!r} in session {sid} "
-                                                  f"(pending: {', '.join(pending) or 'none'})")
-            raise Problem(409, "Not waiting", f"session {sid} is {rec.state}, not WAITING_HUMAN: tool call {call_id!r} "
-                                              "is not waiting for a decision (decisions are taken while the "
-                                              "session waits; watch its events for the stop)")
-        allowed = tuple(p.get("allowed_decisions") or _DECISION_KINDS)
-        if decision.kind not in allowed:
-            raise Problem(409, "Decision not allowed", f"tool call {call_id!r} allows {', '.join(allowed)}, "
-                                                       f"not {decision.kind!r}")
-        if decision.kind == "edit":
-            t = self.agent.tools.get(p["call"]["name"])
-            if t is not None:
-                try:
-                    t.validate(decision.arguments or {})
-                except ToolArgumentsError as e:
-                    raise Problem(400, "Wrong field", f"'arguments': {e}") from e
-        outcome = {"session_id": sid, "call_id": call_id, "decision": decision.kind, "status": "accepted",
-                   "reason": p.get("reason") or "", "round": round_}
-        stored, first = await self.store.claim_idempotency_key(sid, key, {"request": value, "outcome": outcome,
-                                                                          "call_id": call_id,
-                                                                          "decision": value["decision"]})
+            status, title = _REFUSED[e.kind]
+            raise Problem(status, title, str(e)) from e
+        stored, first = await self.store.claim_idempotency_key(sid, key, record)
         if not first:
             return self._replay(stored, value, describe)
         await self.runner.submit(RunRequest(sid, "resume"))
-        return json_response(outcome, 202)
+        return json_response(record["outcome"], 202)
 
     @staticmethod
     def _decision(data: dict[str, Any]) -> Decision:

@@ -22,18 +22,31 @@ from attrs import field, frozen
 
 from ..agent import Agent
 from ..control import Decision
-from ..errors import ResumeError, SessionBusyError
+from ..errors import ResumeError, SessionBusyError, ToolArgumentsError
 from ..store.base import QUEUED, SessionRecord, Store
-from ..types.codec import structure
+from ..tools.registry import ToolRegistry
+from ..types.codec import structure, unstructure
 from ..types.run import RunResult, StopReason
 from .notify import Notifier
 
-__all__ = ["DECISION_KEY", "SERVER_STOPPING", "Busy", "LocalRunner", "RunRequest", "Runner", "decision_key", "decision_rounds",
+__all__ = ["DECISION_KEY", "DECISION_KINDS", "RESUME_LIMITS", "SERVER_STOPPING", "STOPPED_STATES", "Busy", "DecisionRefused",
+           "LocalRunner", "RunRequest", "Runner", "decision_key", "decision_record", "decision_rounds",
            "drain_tasks", "execute", "stored_decisions"]
 
 log = logging.getLogger("fsm_agent.server")
 
-_STOPS = frozenset(r.value for r in StopReason)
+STOPPED_STATES = frozenset(r.value for r in StopReason)
+"""The session states of a stopped session (a StopReason's value); any other is a phase or ``QUEUED``."""
+_STOPS = STOPPED_STATES
+
+DECISION_KINDS = ("approve", "edit", "reject", "respond")
+"""The kinds of a person's decision on a pending tool call."""
+
+RESUME_LIMITS: dict[str, tuple[type, ...]] = {
+    "max_iterations": (int,), "max_wall_clock": (int, float), "max_tokens": (int,), "max_cost_usd": (int, float),
+    "max_output_tokens": (int,), "tool_timeout": (int, float)}
+"""The RunConfig fields a resume may raise (REST ``limits``, an A2A ``limits`` data part), with the
+JSON types they take."""
 
 SERVER_STOPPING = "server stopping"
 """The detail of a run a stopping server interrupted (:meth:`LocalRunner.close`)."""
@@ -99,6 +112,53 @@ async def stored_decisions(store: Store, rec: SessionRecord) -> dict[str, Decisi
         if stored is not None:
             out[cid] = structure(stored["decision"], Decision)
     return out
+
+
+class DecisionRefused(Exception):
+    """A decision that cannot be taken (:func:`decision_record`); ``kind``: ``not_waiting`` (the
+    session does not wait for a decision), ``not_pending`` (no such pending call), ``not_allowed``
+    (a kind the call does not allow) or ``bad_arguments`` (an edit whose arguments break the tool's
+    schema). The message says what was wrong."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+def decision_record(rec: SessionRecord, call_id: str, decision: Decision, round_: int,
+                    tools: ToolRegistry) -> dict[str, Any]:
+    """The record to store under :func:`decision_key` ``(call_id, round_)`` for a person's decision
+    on a call pending in ``rec`` (what the approval route and an A2A message both store):
+    ``request`` (call id, decision), ``outcome`` (the answer to give), ``call_id``, ``decision``.
+
+    Raises:
+        DecisionRefused: see the class.
+    """
+    sid = rec.session_id
+    waiting = rec.state == StopReason.WAITING_HUMAN.value
+    pending = {p["call"]["id"]: p for p in (rec.stop or {}).get("pending_actions") or ()} if waiting else {}
+    p = pending.get(call_id)
+    if p is None:
+        if waiting:
+            raise DecisionRefused("not_pending", f"no pending tool call {call_id!r} in session {sid} "
+                                                 f"(pending: {', '.join(pending) or 'none'})")
+        raise DecisionRefused("not_waiting", f"session {sid} is {rec.state}, not WAITING_HUMAN: tool call {call_id!r} "
+                                             "is not waiting for a decision (decisions are taken while the session "
+                                             "waits; watch its events for the stop)")
+    allowed = tuple(p.get("allowed_decisions") or DECISION_KINDS)
+    if decision.kind not in allowed:
+        raise DecisionRefused("not_allowed", f"tool call {call_id!r} allows {', '.join(allowed)}, not {decision.kind!r}")
+    if decision.kind == "edit":
+        t = tools.get(p["call"]["name"])
+        if t is not None:
+            try:
+                t.validate(decision.arguments or {})
+            except ToolArgumentsError as e:
+                raise DecisionRefused("bad_arguments", f"'arguments': {e}") from e
+    value = {"call_id": call_id, "decision": unstructure(decision)}
+    outcome = {"session_id": sid, "call_id": call_id, "decision": decision.kind, "status": "accepted",
+               "reason": p.get("reason") or "", "round": round_}
+    return {"request": value, "outcome": outcome, "call_id": call_id, "decision": value["decision"]}
 
 
 async def execute(agent: Agent, request: RunRequest) -> RunResult | None:
