@@ -23,8 +23,9 @@ from .middleware import Middleware
 __all__ = ["DEFAULT_MIDDLEWARE", "ENTRY_POINT_GROUP", "PluginInfo", "default_middleware", "discover", "load_plugin"]
 
 ENTRY_POINT_GROUP = "fsm_agent.middleware"
-DEFAULT_MIDDLEWARE = ("repair", "loop_detection")
-"""The plugins the CLI puts in every agent's chain: the message-repair passes and loop detection."""
+DEFAULT_MIDDLEWARE = ("repair", "loop_detection", "repeat_guard")
+"""The plugins the CLI puts in every agent's chain: the message-repair passes, loop detection, and
+the repeat guard (a side effect the model asks for again is not done twice)."""
 
 
 @frozen
