@@ -31,6 +31,10 @@ filters by it) and shares no transcript: each task is its own session. A message
   by ``{"limits": {"max_iterations": 80, ...}}``; text parts go in as a steer; the session resumes;
 * terminal (completed, failed, canceled, rejected): -32004.
 
+A message is applied once: a repeat of its ``messageId`` (a client's retry, also after the task
+ended) answers with the task and applies nothing again (:meth:`_A2A._continue`). A task's
+``history`` keeps the ``messageId`` of every message a client sent.
+
 **Streams.** Each SSE ``data:`` is a JSON-RPC response whose ``result`` is ``task``,
 ``statusUpdate`` or ``artifactUpdate``. Our extension: each frame's ``id:`` is the seq of the
 session-log event it comes from, and ``SubscribeToTask`` takes a ``Last-Event-ID`` header: it
@@ -48,13 +52,15 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import datetime
 import hashlib
 import logging
+import math
 import re
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -63,17 +69,18 @@ from aiohttp import web
 from attrs import field, frozen
 
 from ..control import Decision
-from ..errors import ConfigurationError, ResumeError, SessionExistsError, ToolArgumentsError
+from ..errors import ConfigurationError, ResumeError, SessionExistsError
 from ..machine.config import RunConfig
 from ..store.base import QUEUED, ControlKind, EventRecord, SessionRecord
 from ..store.sessions import send_control
-from ..types.codec import unstructure
 from ..types.run import StopReason
-from .app import AGENT_KEY, RUNNER_KEY, STORE_KEY, TENANT, TENANTS_KEY
+from .app import A2A_ID_PREFIX, AGENT_KEY, RUNNER_KEY, STORE_KEY, TAIL_KEY, TENANT, TENANTS_KEY
 from .auth import tenant_of
-from .notify import NotifyingStore, Subscription
-from .runs import DECISION_KEY, SERVER_STOPPING, RunRequest, Runner, decision_key, decision_rounds
-from .sse import ClientGone, SSEWriter, encode_frame
+from .notify import NotifyingStore
+from .runs import (DECISION_KEY, DECISION_KINDS, RESUME_LIMITS, SERVER_STOPPING, STOPPED_STATES, DecisionRefused,
+                   RunRequest, Runner, decision_key, decision_record, decision_rounds)
+from .sse import encode_frame
+from .tail import GONE_POLL, LogTail, client_gone
 
 __all__ = ["A2A_VERSION", "AGENT_CARD_PATH", "REFUSAL_KINDS", "A2AConfig", "A2ASkill", "RpcError",
            "add_a2a_routes", "event_result", "stop_task_state", "task_state"]
@@ -114,11 +121,13 @@ _MAX_TEXT = 100_000
 _MAX_ID = 200
 _PUSH_METHODS = ("CreateTaskPushNotificationConfig", "GetTaskPushNotificationConfig",
                  "ListTaskPushNotificationConfigs", "DeleteTaskPushNotificationConfig")
-_LIMITS: dict[str, tuple[type, ...]] = {"max_iterations": (int,), "max_wall_clock": (int, float),
-                                       "max_tokens": (int,), "max_cost_usd": (int, float),
-                                       "max_output_tokens": (int,), "tool_timeout": (int, float)}
-_DECISIONS = ("approve", "edit", "reject", "respond")
+_LIMITS = RESUME_LIMITS
+_DECISIONS = DECISION_KINDS
 _SEQ = re.compile(r"^[0-9]{1,19}$")
+_INT = re.compile(r"^-?[0-9]{1,10}$")
+_MESSAGE_KEY = "a2a-message:"
+"""Prefix of the idempotency key under which a message that continued a task is recorded
+(``a2a-message:<messageId>``): its digest, the seq it followed, its id, text and data part."""
 
 
 class RpcError(Exception):
@@ -155,6 +164,8 @@ class A2ASkill:
 class A2AConfig:
     """What the A2A routes serve, and how long they wait.
 
+    Streams use the app's settings (``create_app(heartbeat=, send_timeout=)``).
+
     Raises:
         ConfigurationError: an empty name or description, a path that does not start with ``/`` (or
             is the card's), a skill without tags, two skills with one id, a wait that is not positive.
@@ -182,10 +193,6 @@ class A2AConfig:
     is (then poll ``GetTask``)."""
     cancel_wait: float = 10.0
     """Seconds ``CancelTask`` waits for a running task to end CANCELED before answering."""
-    heartbeat: float = 15.0
-    """Seconds of idle before a ``: hb`` comment on a stream."""
-    send_timeout: float = 10.0
-    """Seconds a stream write may take before the client is dropped."""
 
     def __attrs_post_init__(self) -> None:
         if not self.name.strip() or not self.description.strip():
@@ -199,7 +206,7 @@ class A2AConfig:
         for s in self.skills:
             if not s.tags:
                 raise ConfigurationError(f"A2AConfig.skills: skill {s.id!r} needs at least one tag")
-        for name in ("blocking_timeout", "cancel_wait", "heartbeat", "send_timeout"):
+        for name in ("blocking_timeout", "cancel_wait"):
             if not getattr(self, name) > 0:
                 raise ConfigurationError(f"A2AConfig.{name} must be positive (seconds), not {getattr(self, name)!r}")
 
@@ -406,8 +413,8 @@ def _opt_int(obj: Mapping[str, Any], camel: str, snake: str, where: str, lo: int
     v = _get(obj, camel, snake)
     if v is None:
         return None
-    if isinstance(v, str) and v.strip().lstrip("-").isdigit():
-        v = int(v)  # proto3 JSON allows int32 as a string
+    if isinstance(v, str) and _INT.match(v.strip()):  # ASCII digits only: proto3 JSON allows int32 as a string
+        v = int(v.strip())
     if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
         raise RpcError(INVALID_PARAMS, f"{where}.{camel} must be an integer from {lo} to {hi}, not {str(v)[:40]!r}")
     return v
@@ -431,6 +438,8 @@ class _Inbound:
     limits: dict[str, Any] | None
     digest: str
     """sha256 of the message's canonical JSON: a retry must send the same message."""
+    control: dict[str, Any] | None = None
+    """The data part that carried ``decisions`` / ``limits``, as sent."""
 
 
 def _decision(call_id: str, raw: Any) -> Decision:
@@ -489,7 +498,7 @@ def _inbound(params: dict[str, Any]) -> _Inbound:
     mid = _id_field(m, "messageId", "message_id", "params.message", required=True)
     assert mid is not None
     role = m.get("role")
-    if role not in ("ROLE_USER", "user", 1):
+    if not (isinstance(role, str) and role in ("ROLE_USER", "user") or type(role) is int and role == 1):
         raise RpcError(INVALID_PARAMS, f"params.message.role must be ROLE_USER (a message to the agent), not {role!r}")
     parts = m.get("parts")
     if not isinstance(parts, list) or not parts:
@@ -497,6 +506,7 @@ def _inbound(params: dict[str, Any]) -> _Inbound:
     texts: list[str] = []
     decisions: dict[str, Decision] | None = None
     limits: dict[str, Any] | None = None
+    control: dict[str, Any] | None = None
     for i, part in enumerate(parts):
         where = f"params.message.parts[{i}]"
         part = _object(part, where)
@@ -513,6 +523,7 @@ def _inbound(params: dict[str, Any]) -> _Inbound:
         elif kind == "data":
             data = part["data"]
             if isinstance(data, dict) and data and set(data) <= {"decisions", "limits"}:
+                control = data
                 if "decisions" in data:
                     decisions = {str(k): _decision(str(k), v) for k, v in
                                  _object(data["decisions"], "params.message data part: decisions").items()}
@@ -537,7 +548,7 @@ def _inbound(params: dict[str, Any]) -> _Inbound:
         raise RpcError(INVALID_PARAMS, f"params.message: the text is longer than {_MAX_TEXT:,} characters")
     return _Inbound(mid, _id_field(m, "contextId", "context_id", "params.message", required=False),
                     _id_field(m, "taskId", "task_id", "params.message", required=False), text, decisions, limits,
-                    hashlib.sha256(orjson.dumps(m, option=orjson.OPT_SORT_KEYS)).hexdigest())
+                    hashlib.sha256(orjson.dumps(m, option=orjson.OPT_SORT_KEYS)).hexdigest(), control)
 
 
 def _configuration(params: dict[str, Any]) -> tuple[int | None, bool]:
@@ -599,7 +610,7 @@ def _check_version(request: web.Request) -> None:
 
 
 def _task_id_for(tenant: str, message_id: str) -> str:
-    return "a2a-" + hashlib.sha256(f"{tenant}\0{message_id}".encode()).hexdigest()[:32]
+    return A2A_ID_PREFIX + hashlib.sha256(f"{tenant}\0{message_id}".encode()).hexdigest()[:32]
 
 
 def _decision_kind(stored: Mapping[str, Any]) -> str:
@@ -658,8 +669,7 @@ class _A2A:
 
     def __init__(self, app: web.Application, config: A2AConfig) -> None:
         self.app, self.config = app, config
-        self.closing = False
-        self.streams: set[Subscription] = set()
+        self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
         self.methods: dict[str, Callable[[web.Request, Any, dict[str, Any]], Awaitable[web.StreamResponse]]] = {
             "SendMessage": self.send_message, "SendStreamingMessage": self.send_streaming_message,
             "GetTask": self.get_task, "ListTasks": self.list_tasks, "CancelTask": self.cancel_task,
@@ -674,10 +684,25 @@ class _A2A:
     def runner(self) -> Runner:
         return self.app[RUNNER_KEY]
 
-    async def on_shutdown(self, app: web.Application) -> None:
-        self.closing = True
-        for sub in list(self.streams):
-            sub.wake.set()
+    @property
+    def tail(self) -> LogTail:
+        """The app's streams (shared with the REST event stream: one loop, one shutdown)."""
+        return self.app[TAIL_KEY]
+
+    @contextlib.asynccontextmanager
+    async def _one_at_a_time(self, key: str) -> AsyncIterator[None]:
+        """Serialise the handling of one message (a client's retry racing its first attempt)."""
+        lock, users = self._locks.get(key) or (asyncio.Lock(), 0)
+        self._locks[key] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, users = self._locks[key]
+            if users <= 1:
+                del self._locks[key]
+            else:
+                self._locks[key] = (lock, users - 1)
 
     # -- the card ------------------------------------------------------------------------------
     def card(self, request: web.Request) -> dict[str, Any]:
@@ -778,7 +803,8 @@ class _A2A:
                 if texts:
                     task["artifacts"] = [_answer(texts[-1])]
             if want_history:
-                history = self.history(rec, msgs)
+                sent = await self.store.idempotency_records(sid, _MESSAGE_KEY)
+                history = self.history(rec, msgs, list(sent.values()))
                 task["history"] = history[-history_length:] if history_length else history
             meta: dict[str, Any] = {"session_id": sid, "session_state": rec.state}
             if usage:
@@ -786,23 +812,57 @@ class _A2A:
             task["metadata"] = {"fsm_agent": meta}
         return task
 
-    def history(self, rec: SessionRecord, msgs: Sequence[EventRecord]) -> list[dict[str, Any]]:
+    def history(self, rec: SessionRecord, msgs: Sequence[EventRecord],
+                sent: Sequence[Mapping[str, Any]] = ()) -> list[dict[str, Any]]:
+        """The task's messages: the transcript's user and assistant texts, in order. Each message a
+        client sent keeps the client's ``messageId``: the first one (that made the task), and those
+        that continued it (``sent``: their records), matched to the user message the run made of
+        its text (a followup, a steer) after the seq it followed; one the run has not read yet, or
+        one with only a data part (decisions, limits: no transcript message), is listed as sent,
+        where it arrived. Other messages get ``<task id>-<seq>``."""
         sid, ctx = rec.session_id, _context_of(rec)
         first = _a2a_meta(rec).get("message_id")
-        out: list[dict[str, Any]] = []
+        user = [e for e in msgs if (e.payload.get("message") or {}).get("role") == "user"
+                and _text_of(e.payload.get("message") or {})]
+        claimed: dict[int, Mapping[str, Any]] = {}
+        unread: list[tuple[float, Mapping[str, Any]]] = []
+        for r in sorted(sent, key=lambda r: int(r.get("after") or 0)):
+            after, text = int(r.get("after") or 0), str(r.get("text") or "")
+            found = next((e for e in user if e.seq > after and e.seq not in claimed and text
+                          and text in _text_of(e.payload.get("message") or {})), None)
+            if found is not None:
+                claimed[found.seq] = r
+            else:
+                unread.append((after + 0.5, r))
+        entries: list[tuple[float, dict[str, Any]]] = []
         for e in msgs:
             m = e.payload.get("message") or {}
             role = m.get("role")
             text = _text_of(m)
             if role not in ("user", "assistant") or not text:
                 continue
-            if role == "user":
-                mid = str(first) if first and not out else f"{sid}-{e.seq}"
-                out.append({"messageId": mid, "contextId": ctx, "taskId": sid, "role": "ROLE_USER",
-                            "parts": [{"text": text}]})
+            if role == "assistant":
+                entries.append((e.seq, _agent_message(text, sid, ctx, f"{sid}-{e.seq}")))
+                continue
+            mine = claimed.get(e.seq)
+            if mine is not None:
+                entries.append((e.seq, self._sent(mine, sid, ctx, text)))
             else:
-                out.append(_agent_message(text, sid, ctx, f"{sid}-{e.seq}"))
-        return out
+                mid = str(first) if first and not entries else f"{sid}-{e.seq}"
+                entries.append((e.seq, {"messageId": mid, "contextId": ctx, "taskId": sid, "role": "ROLE_USER",
+                                        "parts": [{"text": text}]}))
+        entries += [(at, self._sent(r, sid, ctx, str(r.get("text") or ""))) for at, r in unread]
+        entries.sort(key=lambda x: x[0])
+        return [m for _, m in entries]
+
+    @staticmethod
+    def _sent(record: Mapping[str, Any], sid: str, ctx: str, text: str) -> dict[str, Any]:
+        """A message a client sent to continue the task, as the history lists it."""
+        parts: list[dict[str, Any]] = [{"text": text}] if text else []
+        if isinstance(record.get("data"), dict):
+            parts.append({"data": record["data"]})
+        return {"messageId": str(record.get("message_id") or ""), "contextId": ctx, "taskId": sid,
+                "role": "ROLE_USER", "parts": parts}
 
     # -- methods -------------------------------------------------------------------------------
     async def get_task(self, request: web.Request, rid: Any, params: dict[str, Any]) -> web.Response:
@@ -813,7 +873,7 @@ class _A2A:
     async def list_tasks(self, request: web.Request, rid: Any, params: dict[str, Any]) -> web.Response:
         ctx = _id_field(params, "contextId", "context_id", "params", required=False)
         status = _get(params, "status")
-        if status in ("", "TASK_STATE_UNSPECIFIED", 0):
+        if isinstance(status, str) and status in ("", "TASK_STATE_UNSPECIFIED") or type(status) is int and status == 0:
             status = None
         if status is not None and (not isinstance(status, str) or status not in ALL_STATES):
             raise RpcError(INVALID_PARAMS, f"params.status must be one of {', '.join(sorted(ALL_STATES))}, "
@@ -827,16 +887,21 @@ class _A2A:
         after = None
         if after_raw is not None:
             try:
-                after = datetime.datetime.fromisoformat(str(after_raw).replace("Z", "+00:00")).timestamp()
-            except ValueError as e:
-                raise RpcError(INVALID_PARAMS, "params.statusTimestampAfter must be an RFC 3339 time "
-                                               "(2026-01-31T12:00:00Z)") from e
+                when = datetime.datetime.fromisoformat(str(after_raw).replace("Z", "+00:00"))
+                if when.tzinfo is None:
+                    raise ValueError("no time zone")
+                after = when.timestamp()
+            except (ValueError, OverflowError, OSError) as e:
+                raise RpcError(INVALID_PARAMS, "params.statusTimestampAfter must be an RFC 3339 time with its time "
+                                               "zone (2026-01-31T12:00:00Z)") from e
         cursor: tuple[float, str] | None = None
         token = _get(params, "pageToken", "page_token")
         if token:
             try:
                 raw = orjson.loads(base64.urlsafe_b64decode(str(token) + "=" * (-len(str(token)) % 4)))
                 cursor = (float(raw["ts"]), str(raw["id"]))
+                if not math.isfinite(cursor[0]):
+                    raise ValueError("not a finite time")
             except (ValueError, KeyError, TypeError, orjson.JSONDecodeError) as e:
                 raise RpcError(INVALID_PARAMS, "params.pageToken is not a token this server gave "
                                                "(use nextPageToken of the previous page)") from e
@@ -884,7 +949,7 @@ class _A2A:
             submitted = 0
             while True:
                 rec = await self.store.get_session(sid) or rec
-                if rec.state in _STOPS and not await self.runner.busy(sid):
+                if rec.state in STOPPED_STATES and not await self.runner.busy(sid):
                     if rec.state == StopReason.CANCELLED.value or not StopReason(rec.state).resumable or submitted >= 2:
                         break
                     # stopped (waiting for input, paused, or asking to confirm the cancel): resume it to
@@ -939,50 +1004,64 @@ class _A2A:
             if old is None or tenant_of(old) != tenant or _a2a_meta(old).get("digest") != msg.digest:
                 raise RpcError(INVALID_PARAMS, f"messageId {msg.message_id!r} was already used for a different "
                                                "message: give each new message a new messageId") from None
-            return old, 0, False  # a retry of the same message: the task it created
+            # a retry of the same message: the task it created (queued again when the first attempt
+            # failed between creating the task and queueing its run; a duplicate start is a no-op)
+            if old.state == QUEUED and not await self.runner.busy(sid):
+                await self.runner.submit(RunRequest(sid, "start", task=msg.text))
+            return old, 0, False
         await self.runner.submit(RunRequest(sid, "start", task=msg.text))
         return rec, 0, True
 
     async def _continue(self, rec: SessionRecord, msg: _Inbound) -> tuple[SessionRecord, int, bool]:
+        """Apply a message to its task, once: a message already applied (a client's retry, also after
+        the task ended) answers with what the first one did. The record that says so is written
+        after the message took effect, so a failure half way leaves a retry that applies it again,
+        never one that is told it was applied when it was not (retries in this process wait for the
+        first attempt; a decision already stored is not stored twice)."""
         sid = rec.session_id
-        busy = await self.runner.busy(sid)
-        state = task_state(rec, busy)
-        if state in TERMINAL_STATES:
-            raise RpcError(UNSUPPORTED_OPERATION, f"task {sid} is {state.removeprefix('TASK_STATE_')} (terminal): it "
-                                                  "takes no more messages; send a message without taskId (same "
-                                                  "contextId) to start a new task")
-        key = f"a2a-message:{msg.message_id}"
-        prior = (await self.store.idempotency_records(sid, key)).get(key)
-        if prior is not None:
-            if prior.get("digest") != msg.digest:
-                raise RpcError(INVALID_PARAMS, f"messageId {msg.message_id!r} was already used for a different message")
-            return rec, int(prior.get("after") or rec.last_seq), False
-        running = state in (SUBMITTED, WORKING)
-        decisions: dict[str, tuple[str, dict[str, Any]]] = {}
-        if running:
-            if msg.decisions is not None or msg.limits is not None:
-                raise RpcError(INVALID_PARAMS, f"task {sid} is working: decisions and limits answer a task waiting "
-                                               "for input (send them after it stops INPUT_REQUIRED)")
-            if not msg.text.strip():
-                raise RpcError(INVALID_PARAMS, "params.message has no text to pass to the working task")
-        else:
-            decisions = await self._check_answers(rec, msg)
-        stored, first = await self.store.claim_idempotency_key(sid, key, {"digest": msg.digest, "after": rec.last_seq})
-        if not first:
-            return rec, int(stored.get("after") or rec.last_seq), False
-        if running:
-            await send_control(self.store, sid, ControlKind.FOLLOWUP, msg.text)
-            return rec, rec.last_seq, True
-        for call_id, (key_, value) in decisions.items():
-            done, ok = await self.store.claim_idempotency_key(sid, key_, value)
-            if not ok and done.get("request") != value["request"]:
-                raise RpcError(INVALID_PARAMS, f"tool call {call_id!r} was already decided differently "
-                                               f"({_decision_kind(done)}); a different decision is refused")
-        if msg.text.strip():
-            await send_control(self.store, sid, ControlKind.STEER, msg.text)
-        await self.runner.submit(RunRequest(sid, "resume", limits=dict(msg.limits or {})))
-        return rec, rec.last_seq, True
-
+        key = _MESSAGE_KEY + msg.message_id
+        async with self._one_at_a_time(f"{sid}\0{key}"):
+            prior = (await self.store.idempotency_records(sid, key)).get(key)
+            if prior is not None:
+                if prior.get("digest") != msg.digest:
+                    raise RpcError(INVALID_PARAMS, f"messageId {msg.message_id!r} was already used for a different "
+                                                   "message: give each new message a new messageId")
+                return rec, int(prior.get("after") or 0), False
+            rec = await self.store.get_session(sid) or rec
+            state = task_state(rec, await self.runner.busy(sid))
+            if state in TERMINAL_STATES:
+                raise RpcError(UNSUPPORTED_OPERATION, f"task {sid} is {state.removeprefix('TASK_STATE_')} (terminal): "
+                                                      "it takes no more messages; send a message without taskId (same "
+                                                      "contextId) to start a new task")
+            running = state in (SUBMITTED, WORKING)
+            decisions: dict[str, tuple[str, dict[str, Any]]] = {}
+            if running:
+                if msg.decisions is not None or msg.limits is not None:
+                    raise RpcError(INVALID_PARAMS, f"task {sid} is working: decisions and limits answer a task "
+                                                   "waiting for input (send them after it stops INPUT_REQUIRED)")
+                if not msg.text.strip():
+                    raise RpcError(INVALID_PARAMS, "params.message has no text to pass to the working task")
+            else:
+                decisions = await self._check_answers(rec, msg)
+            after = rec.last_seq
+            if running:
+                await send_control(self.store, sid, ControlKind.FOLLOWUP, msg.text)
+            else:
+                for call_id, (key_, value) in decisions.items():
+                    done, ok = await self.store.claim_idempotency_key(sid, key_, value)
+                    if not ok and done.get("request") != value["request"]:
+                        raise RpcError(INVALID_PARAMS, f"tool call {call_id!r} was already decided differently "
+                                                       f"({_decision_kind(done)}); a different decision is refused")
+                if msg.text.strip():
+                    await send_control(self.store, sid, ControlKind.STEER, msg.text)
+                await self.runner.submit(RunRequest(sid, "resume", limits=dict(msg.limits or {})))
+            record = {"digest": msg.digest, "after": after, "message_id": msg.message_id, "text": msg.text,
+                      "data": msg.control}
+            stored, first = await self.store.claim_idempotency_key(sid, key, record)
+            if not first:  # another server process applied the same message meanwhile
+                log.warning("A2A message %s of task %s was applied by two requests at once", msg.message_id, sid)
+                return rec, int(stored.get("after") or after), False
+            return rec, after, True
 
     async def _check_answers(self, rec: SessionRecord, msg: _Inbound) -> dict[str, tuple[str, dict[str, Any]]]:
         """Check that a message answers what its stopped task waits for. Returns the decisions to
@@ -1012,35 +1091,22 @@ class _A2A:
         rounds = await decision_rounds(self.store, sid)
         stored = await self.store.idempotency_records(sid, DECISION_KEY)
         for call_id, decision in msg.decisions.items():
-            p = pending.get(call_id)
-            if p is None:
-                raise RpcError(INVALID_PARAMS, f"no pending tool call {call_id!r} in task {sid} (pending: "
-                                               f"{', '.join(pending)})")
-            allowed = tuple(p.get("allowed_decisions") or _DECISIONS)
-            if decision.kind not in allowed:
-                raise RpcError(INVALID_PARAMS, f"tool call {call_id!r} allows {', '.join(allowed)}, not "
-                                               f"{decision.kind!r}")
-            if decision.kind == "edit":
-                t = tools.get(p["call"]["name"])
-                if t is not None:
-                    try:
-                        t.validate(decision.arguments or {})
-                    except ToolArgumentsError as e:
-                        raise RpcError(INVALID_PARAMS, f"decisions[{call_id!r}].arguments: {e}") from e
             round_ = rounds.get(call_id, 0)
-            value = {"call_id": call_id, "decision": unstructure(decision)}
+            try:
+                record = decision_record(rec, call_id, decision, round_, tools)
+            except DecisionRefused as e:
+                raise RpcError(INVALID_PARAMS, f"decisions[{call_id!r}]: {e}") from e
             earlier = stored.get(decision_key(call_id, round_))
-            if earlier is not None and earlier.get("request") != value:
+            if earlier is not None and earlier.get("request") != record["request"]:
                 raise RpcError(INVALID_PARAMS, f"tool call {call_id!r} was already decided differently "
                                                f"({_decision_kind(earlier)}); a different decision is refused")
-            outcome = {"session_id": sid, "call_id": call_id, "decision": decision.kind, "status": "accepted",
-                       "reason": p.get("reason") or "", "round": round_}
-            out[call_id] = (decision_key(call_id, round_), {"request": value, "outcome": outcome, "call_id": call_id,
-                                                            "decision": value["decision"]})
+            out[call_id] = (decision_key(call_id, round_), record)
         return out
 
-    async def _wait_stopped(self, sid: str, timeout: float) -> None:
-        """Wait until no run of ``sid`` is queued or running and it stopped, or ``timeout`` seconds."""
+    async def _wait_stopped(self, request: web.Request, sid: str, timeout: float) -> None:
+        """Wait until no run of ``sid`` is queued or running and it stopped, or ``timeout`` seconds,
+        or the server stops, or the client of ``request`` hangs up (looked at every
+        :data:`~fsm_agent.server.tail.GONE_POLL` seconds: nobody would read the answer)."""
         notifier = self.store.notifier
         sub = notifier.subscribe(sid)
         deadline = time.monotonic() + timeout
@@ -1048,13 +1114,13 @@ class _A2A:
             while True:
                 sub.wake.clear()
                 rec = await self.store.get_session(sid)
-                if rec is None or rec.state != QUEUED and rec.state in _STOPS and not await self.runner.busy(sid):
+                if rec is None or rec.state != QUEUED and rec.state in STOPPED_STATES and not await self.runner.busy(sid):
                     return
                 left = deadline - time.monotonic()
-                if left <= 0 or self.closing:
+                if left <= 0 or self.tail.closing or client_gone(request):
                     return
                 try:
-                    async with asyncio.timeout(min(left, 1.0)):
+                    async with asyncio.timeout(min(left, GONE_POLL)):
                         await sub.wake.wait()
                 except TimeoutError:
                     pass
@@ -1065,7 +1131,7 @@ class _A2A:
         hl, immediately = _configuration(params)
         rec, _after, _new = await self._accept(request, params)
         if not immediately:
-            await self._wait_stopped(rec.session_id, self.config.blocking_timeout)
+            await self._wait_stopped(request, rec.session_id, self.config.blocking_timeout)
         rec = await self.store.get_session(rec.session_id) or rec
         return _json(_rpc_result(rid, {"task": await self.task(rec, history_length=hl)}))
 
@@ -1107,70 +1173,22 @@ class _A2A:
                      first: dict[str, Any] | None) -> web.StreamResponse:
         """The SSE answer: ``first`` (a snapshot, ``id:`` = ``after``), then the frames of the log
         events after ``after``, then live ones; closes once the session stopped and no run of it is
-        queued or running."""
+        queued or running (the app's :class:`~fsm_agent.server.tail.LogTail`)."""
         sid = rec.session_id
-        store, notifier = self.store, self.store.notifier
         frames = _Frames(self, rid, sid, _context_of(rec))
-        writer = SSEWriter(request, retry_ms=None, send_timeout=self.config.send_timeout,
-                           heartbeat=self.config.heartbeat)
-        sub = notifier.subscribe(sid)  # subscribe first, then read the log: no gap
-        self.streams.add(sub)
-        try:
-            await writer.prepare()
-            if first is not None:
-                await writer.write(encode_frame(_rpc_result(rid, first), id=after))
-            last, last_type = after, None
-            if after > 0:
-                prev = await store.read_events(sid, after_seq=after - 1, until_seq=after)
-                last_type = prev[-1].type if prev else None
-            while True:
-                sub.wake.clear()
-                for ev in await store.read_events(sid, after_seq=last):
-                    if ev.seq <= last:
-                        continue
-                    frame = await frames.of(ev)
-                    if frame is not None:
-                        await writer.write(frame)
-                    last, last_type = ev.seq, ev.type
-                notifier.observe(sid, last)
-                if last_type == "run_stopped" and not await self.runner.busy(sid):
-                    if not await store.read_events(sid, after_seq=last, until_seq=last + 1):
-                        break  # stopped, and nothing queued: the stop was the last frame
-                    continue
-                live = sub.take_live(last)
-                if last_type != "run_stopped":  # after a stop, live frames of the ended run are stale
-                    for raw in live:
-                        chunk = frames.live(raw, last)
-                        if chunk is not None:
-                            await writer.write(chunk)
-                if self.closing:
-                    break
-                try:
-                    async with asyncio.timeout(self.config.heartbeat):
-                        await sub.wake.wait()
-                except TimeoutError:
-                    await writer.send_heartbeat()
-            await writer.close()
-        except ClientGone:
-            pass
-        except asyncio.CancelledError:
-            raise
-        except Exception as e:  # noqa: BLE001 - the client gets an error frame, the log the details
-            log.exception("A2A stream of task %s failed", sid)
+
+        def failed(e: Exception) -> bytes:
+            log.error("A2A stream of task %s failed", sid, exc_info=e)
             err = RpcError(INTERNAL_ERROR, f"the stream failed ({type(e).__name__}); SubscribeToTask with "
                                            "Last-Event-ID resumes it")
-            try:
-                await writer.write(encode_frame(_rpc_error(rid, err), event="error"))
-                await writer.close()
-            except ClientGone:
-                pass
-        finally:
-            self.streams.discard(sub)
-            notifier.unsubscribe(sub)
-        return writer.response
+            return encode_frame(_rpc_error(rid, err), event="error")
+
+        return await self.tail.stream(request, sid, after, frame=frames.of, live=frames.live, retry=False,
+                                      first=None if first is None else encode_frame(_rpc_result(rid, first), id=after),
+                                      on_error=failed)
 
 
-_STOPS = frozenset(r.value for r in StopReason)
+
 
 A2A_KEY = web.AppKey("fsm_a2a", _A2A)
 
@@ -1183,7 +1201,7 @@ def add_a2a_routes(app: web.Application, config: A2AConfig) -> None:
         ConfigurationError: ``app`` was not made by :func:`~fsm_agent.server.create_app`, or has A2A
             routes already.
     """
-    if STORE_KEY not in app or RUNNER_KEY not in app or TENANTS_KEY not in app or AGENT_KEY not in app:
+    if any(k not in app for k in (STORE_KEY, RUNNER_KEY, TENANTS_KEY, AGENT_KEY, TAIL_KEY)):
         raise ConfigurationError("add_a2a_routes needs an app made by fsm_agent.server.create_app")
     if A2A_KEY in app:
         raise ConfigurationError("this app serves A2A already: call add_a2a_routes once")
@@ -1191,4 +1209,3 @@ def add_a2a_routes(app: web.Application, config: A2AConfig) -> None:
     app[A2A_KEY] = srv
     app.router.add_get(AGENT_CARD_PATH, srv.get_card)
     app.router.add_post(config.path, srv.rpc)
-    app.on_shutdown.append(srv.on_shutdown)

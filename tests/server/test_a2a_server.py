@@ -515,10 +515,14 @@ async def test_approvals_answered_by_a_message_resume_the_session_once() -> None
         done = (await rpc(cs, live.rpc_url, "SendMessage", {"message": answer}))["result"]["task"]
         assert done["status"]["state"] == COMPLETED and done["artifacts"][0]["parts"] == [{"text": "done"}]
         assert RAN == ["a0@x"]
-        # the same message again (a client's retry): nothing runs again, the task is answered
+        # the same message again (a client's retry, after the task ended): the task as the first
+        # one left it, nothing runs again
         again = (await rpc(cs, live.rpc_url, "SendMessage", {"message": answer}))
-        assert again["error"]["code"] == -32004  # the task is completed: terminal
+        assert again["result"]["task"]["status"]["state"] == COMPLETED, again
         assert RAN == ["a0@x"]
+        # a new message to the completed task is refused: terminal
+        late = {**answer, "messageId": "m-ap5"}
+        assert (await rpc(cs, live.rpc_url, "SendMessage", {"message": late}))["error"]["code"] == -32004
         resumes = await live.app[STORE_KEY].read_events(tid, types=("resume",))
         assert len(resumes) == 1
 
