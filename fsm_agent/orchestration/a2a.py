@@ -39,15 +39,19 @@ server says it does not, and leaves the call to a person when the server cannot 
 ``ListTasks``).
 
 **Cancel, interrupt.** A Cancel of the parent cancels the remote task (``on_compensate`` sends
-``CancelTask``; one that had finished cannot be undone, and the parent asks to confirm). An
-Interrupt leaves it running: the call stays open and the resume reattaches.
+``CancelTask``), the one the call started or the one it was continuing; one that had finished
+after the call's message cannot be undone, and the parent asks to confirm. An Interrupt leaves it
+running: the call stays open and the resume reattaches.
 
 **Reports.** The remote task's id goes into the parent's log as a ``tool_progress`` event as soon
 as it is known, and each WORKING status update with a message becomes one. Usage and cost the
 remote reports in the task's metadata (``metadata.fsm_agent.usage`` / ``cost_usd``, as
 fsm_agent's server sends them, or ``metadata.usage`` with ``input_tokens``/``output_tokens`` or
 ``prompt_tokens``/``completion_tokens``) are added to the parent run with
-:meth:`~fsm_agent.tools.ToolContext.add_usage`.
+:meth:`~fsm_agent.tools.ToolContext.add_usage` (``child_session_id``: the remote task's id). A remote
+reports a task's usage so far: each call adds only the increase over what was counted for that
+task before (the parent's log with ``store``, this process's roll-ups, the task's usage when a
+continuation began), so a task continued over several calls is counted once.
 """
 
 from __future__ import annotations
@@ -68,6 +72,7 @@ from ..errors import ConfigurationError, RunError, SessionLinkError, StoreError,
 from ..providers.sse import SSEDecoder
 from ..store.base import LinkKind, Store
 from ..tools.registry import RUN_AGAIN, DEFAULT_TOOL_TIMEOUT, Tool, ToolContext, ToolEffect
+from ..types.codec import structure
 from ..types.messages import Usage
 
 __all__ = ["A2AClient", "A2AConnectionError", "A2AError", "A2AHTTPError", "A2AProtocolError", "A2ARemoteError",
@@ -656,6 +661,9 @@ class _Call:
         self.on_task: Callable[[str], Awaitable[None]] | None = None
         """Awaited once with the id of the task this call started (not of a task it continues)."""
         self.continuing = False
+        self.before: RemoteTask | None = None
+        """The continued task as :meth:`find` saw it before this call's message reached it (its usage
+        then was counted by the calls before this one)."""
 
     async def _announce(self) -> None:
         tid = self.view.task_id
@@ -677,12 +685,23 @@ class _Call:
             self.ctx.report_progress(self.progress, None, v.message)
 
     async def find(self, task_id: str | None) -> RemoteTask | None:
-        """The task an earlier attempt of this call made (or continued), or ``None``."""
+        """The task an earlier attempt of this call already reached, or ``None``.
+
+        A new task (``task_id`` ``None``): the task of this call's context, by ``ListTasks``
+        (``None`` also when the remote offers no ``ListTasks``: :attr:`lookup_supported` is then
+        false). A continuation: the named task when its ``history`` holds this call's
+        ``messageId`` (fsm_agent's server lists every message a client sent there, a decisions-only
+        one too); else ``None``, and the task as it was is kept in :attr:`before`.
+
+        Raises:
+            A2AError: the remote could not be asked (-32001 for an unknown ``task_id``).
+        """
         try:
             if task_id is not None:
                 task = await self.client.get_task(task_id)
                 if any(h.get("messageId") == self.message_id for h in task.history):
                     return task
+                self.before = task
                 return None
             tasks, _ = await self.client.list_tasks(context_id=self.context_id, page_size=5)
             mine = [t for t in tasks if t.context_id == self.context_id]  # a server that ignores the filter
@@ -836,8 +855,10 @@ def remote_agent_tool(agent: str | AgentCard | Mapping[str, Any], *, name: str |
         request_timeout: seconds each non-streaming request may take.
         store: the parent agent's store: each remote task the tool starts is linked there to the
             parent's call (:func:`~fsm_agent.orchestration.links.link_child`, kind ``remote``, the
-            remote task's id as the child id, the agent's URL in the metadata). ``None``: no link
-            (the task id is in the parent's log as a ``tool_progress`` event either way).
+            remote task's id as the child id, the agent's URL in the metadata), and the parent's log
+            says how much of a task's usage was rolled up already (exact across crashes and
+            processes). ``None``: no link (the task id is in the parent's log as a ``tool_progress``
+            event either way), and a call resumed in another process may roll a task's usage up again.
         continuation: offer the ``task_id`` and ``data`` parameters, so that the model can answer a
             remote task that asks for input. ``False``: ``message`` only (for a remote that never
             asks, or a small model that should see one parameter); an INPUT_REQUIRED task is then
@@ -869,6 +890,7 @@ def remote_agent_tool(agent: str | AgentCard | Mapping[str, Any], *, name: str |
     if continuation:
         description += " If it needs more input, the result says so: call again with its task_id and your answer."
     state: dict[str, AgentCard] = {}
+    rolled = _RolledUp(store)
     target: str | AgentCard = card if card is not None else str(agent)
     options = {"streaming": streaming, "poll_interval": poll_interval, "max_reconnects": max_reconnects}
 
@@ -906,7 +928,7 @@ def remote_agent_tool(agent: str | AgentCard | Mapping[str, Any], *, name: str |
                         else "a2a_unreachable")
                 raise RemoteTaskError(f"remote agent {agent_name}: {e}", state=run.view.state,
                                       task_id=run.view.task_id or task_id, kind=kind) from e
-            _roll_up(ctx, task)
+            await rolled.add(ctx, task, run.before)
             return _outcome(task, agent_name, tool_name if continuation else None)
 
     async def reconcile(arguments: dict[str, Any], ctx: ToolContext) -> Any:
@@ -920,7 +942,7 @@ def remote_agent_tool(agent: str | AgentCard | Mapping[str, Any], *, name: str |
                     return RUN_AGAIN if run.lookup_supported else None
                 async with asyncio.timeout(timeout):
                     task = await run.follow(found)
-                _roll_up(ctx, task)
+                await rolled.add(ctx, task, None)
                 try:
                     return _outcome(task, state["card"].name, tool_name if continuation else None)
                 except RemoteTaskError as e:
@@ -935,13 +957,17 @@ def remote_agent_tool(agent: str | AgentCard | Mapping[str, Any], *, name: str |
         try:
             async with client() as c:
                 run = await start(c, ctx)
-                found = await run.find(arguments.get("task_id"))
+                task_id = arguments.get("task_id")
+                found = await run.find(task_id)
+                reached = found is not None
+                if found is None and task_id is not None:
+                    found = run.before  # the task it was continuing: the parent gives it up too
                 if found is None:
                     return run.lookup_supported  # nothing was started: nothing to undo
                 if found.state is TaskState.CANCELED:
                     return True
                 if found.state.terminal:
-                    return False
+                    return not reached  # finished: undone only if this call's message never reached it
                 async with asyncio.timeout(cancel_timeout):
                     return (await c.cancel_task(found.id)).state is TaskState.CANCELED
         except (A2AError, AgentCardError, TimeoutError) as e:
@@ -976,8 +1002,69 @@ async def _link(store: Store, ctx: ToolContext, task_id: str, card: AgentCard) -
                     ctx.session_id, e)
 
 
-def _roll_up(ctx: ToolContext, task: RemoteTask | dict[str, Any]) -> None:
-    if isinstance(task, RemoteTask):
+def _at_least(a: tuple[Usage, float], b: tuple[Usage, float]) -> tuple[Usage, float]:
+    """The larger of two counts of one cumulative total, field by field."""
+    u, v = a[0], b[0]
+    return (Usage(max(u.input_tokens, v.input_tokens), max(u.output_tokens, v.output_tokens),
+                  max(u.cache_read_tokens, v.cache_read_tokens), max(u.cache_write_tokens, v.cache_write_tokens),
+                  max(u.reasoning_tokens, v.reasoning_tokens), u.estimated or v.estimated), max(a[1], b[1]))
+
+
+class _RolledUp:
+    """Rolls a remote task's usage up into the parent once: a remote reports its task's usage so far
+    (cumulative), and a task continued over several calls reports it again each time, so only the
+    increase over what was counted before is added (``ToolContext.add_usage``, naming the task as
+    ``child_session_id``).
+
+    What was counted before, the most of: the parent's log (its ``usage_rolled_up`` events for the
+    task, with ``store``: exact across resumes and processes), this process's own roll-ups, and the
+    task's usage when the call began (a continuation: the earlier calls counted it)."""
+
+    _KEEP = 10_000
+    """Roll-ups remembered in memory (oldest forgotten first)."""
+
+    def __init__(self, store: Store | None) -> None:
+        self.store = store
+        self.seen: dict[tuple[str, str], tuple[Usage, float]] = {}
+
+    async def _logged(self, session_id: str, task_id: str) -> tuple[Usage, float]:
+        total, cost = Usage(), 0.0
+        if self.store is None:
+            return total, cost
+        try:
+            events = await self.store.read_events(session_id, types=("usage_rolled_up",))
+        except (StoreError, KeyError) as e:
+            log.warning("usage of remote task %s: the parent's log could not be read (%s)", task_id, e)
+            return total, cost
+        for ev in events:
+            if ev.payload.get("child_session_id") == task_id:
+                total = total + structure(ev.payload.get("usage") or {}, Usage)
+                cost += float(ev.payload.get("cost_usd") or 0.0)
+        return total, cost
+
+    async def add(self, ctx: ToolContext, task: RemoteTask | dict[str, Any], before: RemoteTask | None) -> None:
+        """Add what ``task`` reports beyond what was counted (``before``: the task as the call found
+        it before its message reached it)."""
+        if not isinstance(task, RemoteTask):
+            return
         got = _usage_of(task.metadata)
-        if got is not None:
-            ctx.add_usage(got[0], got[1])
+        if got is None:
+            return
+        key = (ctx.session_id, task.id)
+        counted = _at_least(self.seen.get(key, (Usage(), 0.0)), await self._logged(ctx.session_id, task.id))
+        earlier = _usage_of(before.metadata) if before is not None and before.id == task.id else None
+        if earlier is not None:
+            counted = _at_least(counted, (earlier[0], earlier[1] or 0.0))
+        total, cost = got
+        done, done_cost = counted
+        delta = Usage(max(0, total.input_tokens - done.input_tokens), max(0, total.output_tokens - done.output_tokens),
+                      max(0, total.cache_read_tokens - done.cache_read_tokens),
+                      max(0, total.cache_write_tokens - done.cache_write_tokens),
+                      max(0, total.reasoning_tokens - done.reasoning_tokens), total.estimated)
+        extra = None if cost is None else max(0.0, cost - done_cost)
+        if delta.total_tokens == 0 and not extra:
+            return
+        if len(self.seen) >= self._KEEP:
+            self.seen.pop(next(iter(self.seen)))
+        self.seen[key] = (done + delta, done_cost + (extra or 0.0))
+        ctx.add_usage(delta, extra, child_session_id=task.id)
