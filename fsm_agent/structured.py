@@ -44,6 +44,10 @@ __all__ = ["StructuredResult", "parse_output", "repair_message", "structured_cal
 MAX_ERRORS = 5
 """Validation errors listed in one error text; the rest are counted."""
 
+MAX_DEPTH = 512
+"""The deepest nesting of arrays and objects an answer may have; a deeper one is an error (a
+model's answer never needs it, and decoding or checking it would exhaust the interpreter's stack)."""
+
 _FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[ \t]*\r?\n(.*?)\r?\n?[ \t]*```", re.S)
 _DECODER = json.JSONDecoder()
 _VALIDATORS: dict[bytes, Any] = {}
@@ -99,13 +103,17 @@ def _describe(error: Any) -> str:
 
 def validate_value(value: Any, schema: OutputSchema) -> str | None:
     """``None`` when ``value`` matches ``schema``, else the error text: one line per failed
-    constraint, in path order, at most :data:`MAX_ERRORS` lines.
+    constraint, in path order, at most :data:`MAX_ERRORS` lines (a value nested too deeply for the
+    checker's stack is an error text too, not an exception).
 
     Raises:
         ConfigurationError: the schema itself is not valid JSON Schema.
     """
-    errors = sorted(_validator(schema.schema).iter_errors(value),
-                    key=lambda e: ([str(p) for p in e.absolute_path], str(e.validator)))
+    try:
+        errors = sorted(_validator(schema.schema).iter_errors(value),
+                        key=lambda e: ([str(p) for p in e.absolute_path], str(e.validator)))
+    except RecursionError:
+        return "$: the value nests arrays or objects too deeply to be checked; give a flatter value"
     if not errors:
         return None
     lines = [_describe(e) for e in errors[:MAX_ERRORS]]
@@ -126,6 +134,8 @@ def _top_level_values(text: str) -> list[tuple[int, int, Any]]:
             except ValueError:
                 i += 1
                 continue
+            except RecursionError:
+                raise _TooDeep() from None
             found.append((i, end, value))
             i = end
         else:
@@ -133,9 +143,52 @@ def _top_level_values(text: str) -> list[tuple[int, int, Any]]:
     return found
 
 
+class _TooDeep(Exception):
+    """The answer nests arrays or objects deeper than :data:`MAX_DEPTH` (or than the stack allows)."""
+
+
+def _too_deep(text: str) -> bool:
+    """More than :data:`MAX_DEPTH` brackets open at once (strings skipped): checked before any
+    decoding, so that no decoder recurses that deep."""
+    if text.count("[") + text.count("{") <= MAX_DEPTH:  # the common case, at C speed
+        return False
+    depth = 0
+    in_string = escaped = False
+    for ch in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch in "[{":
+            depth += 1
+            if depth > MAX_DEPTH:
+                return True
+        elif ch in "]}":
+            depth = max(0, depth - 1)
+    return False
+
+
 def _extract(raw: str) -> tuple[Any, str | None]:
     """(value, None) for the one JSON value in ``raw``, or (None, why not)."""
     text = raw.strip()
+    if _too_deep(text):
+        return None, _DEEP
+    try:
+        return _extract_value(raw, text)
+    except (_TooDeep, RecursionError):
+        return None, _DEEP
+
+
+_DEEP = (f"not JSON: the answer nests arrays or objects more than {MAX_DEPTH} levels deep; "
+         "give a flatter JSON value")
+
+
+def _extract_value(raw: str, text: str) -> tuple[Any, str | None]:
     try:
         return orjson.loads(text), None
     except orjson.JSONDecodeError as exc:
@@ -172,7 +225,9 @@ def parse_output(response: MessageResponse, schema: OutputSchema) -> StructuredR
     The answer is, in order: the input of a call to a tool named ``schema.name`` (the forced-tool
     form, when it was not already mapped back to text), or the response text. The text may be
     bare JSON, one JSON code block (```` ```json ````), or prose followed by exactly one JSON
-    object or array. Anything else (no JSON, several values, text after the value) is an error.
+    object or array. Anything else (no JSON, several values, text after the value, arrays and
+    objects nested more than :data:`MAX_DEPTH` levels deep) is an error in the result, never an
+    exception.
 
     Raises:
         ConfigurationError: ``schema.schema`` is not valid JSON Schema.
@@ -183,7 +238,12 @@ def parse_output(response: MessageResponse, schema: OutputSchema) -> StructuredR
         if answer.raw_input is not None:
             return StructuredResult(None, f"not JSON: the arguments of {schema.name!r} are not a JSON object "
                                           f"({_short(answer.raw_input, 80)!r})", answer.raw_input)
-        raw = orjson.dumps(answer.input).decode()
+        try:
+            raw = orjson.dumps(answer.input).decode()
+        except (orjson.JSONEncodeError, RecursionError):  # orjson refuses more than 255 levels
+            return StructuredResult(None, _DEEP, "")  # not even repr() can show it
+        if _too_deep(raw):
+            return StructuredResult(None, _DEEP, raw)
         return StructuredResult(*_checked(answer.input, schema), raw)
     raw = response.text
     cut = response.stop_reason is ModelStopReason.MAX_TOKENS

@@ -217,3 +217,52 @@ def test_an_invalid_schema_is_refused_at_construction_before_any_call() -> None:
     with _pytest.raises(ConfigurationError):
         Agent(provider).run_sync("x", output_schema=OutputSchema("bad", {"properties": {"a": {"type": 3}}}))
     assert provider.requests == []
+
+
+# -- answers nested too deeply: a typed parse failure, never a RecursionError ----------------------
+DEEP = "[" * 100_000 + "]" * 100_000
+
+
+@pytest.mark.parametrize("text", [DEEP, "Here it is: " + DEEP, '```json\n' + DEEP + '\n```',
+                                  '{"customer": ' + "[" * 600 + "]" * 600 + "}"],
+                         ids=["bare", "after prose", "fenced", "inside an object"])
+def test_an_answer_nested_too_deeply_is_a_parse_failure(text: str) -> None:
+    result = check(text)
+    assert not result.ok and result.value is None
+    assert result.error == ("not JSON: the answer nests arrays or objects more than 512 levels deep; "
+                            "give a flatter JSON value")
+
+
+def test_brackets_inside_strings_do_not_count_as_nesting() -> None:
+    value = {"customer": {"name": "[" * 5000 + "{" * 5000, "zip": "1"}, "items": []}
+    assert check(orjson.dumps(value).decode()).value == value
+
+
+def test_a_forced_tool_answer_nested_too_deeply_is_a_parse_failure() -> None:
+    deep: list = []
+    cur = deep
+    for _ in range(300):  # beyond orjson's 255 levels for dumps
+        cur.append([])
+        cur = cur[0]
+    response = MessageResponse("r", "m", AssistantMessage((ToolUseBlock("c1", "order", {"items": deep}),)),
+                               ModelStopReason.TOOL_USE)
+    result = parse_output(response, ORDER)
+    assert not result.ok and "more than 512 levels deep" in (result.error or "")
+
+
+def test_a_value_too_deep_for_the_checker_is_an_error_text() -> None:
+    nested = OutputSchema("nested", {"$ref": "#/$defs/x",
+                                     "$defs": {"x": {"type": "array", "items": {"$ref": "#/$defs/x"}}}})
+    value: list = []
+    cur = value
+    for _ in range(480):  # within MAX_DEPTH, but each level costs the checker several frames
+        cur.append([])
+        cur = cur[0]
+    assert validate_value(value, nested) == ("$: the value nests arrays or objects too deeply to be checked; "
+                                             "give a flatter value")
+
+
+async def test_structured_call_raises_the_typed_error_for_a_deep_answer() -> None:
+    provider = ScriptedProvider([DEEP, DEEP])
+    with pytest.raises(StructuredOutputError, match="more than 512 levels deep"):
+        await structured_call(provider, REQ, ORDER)
