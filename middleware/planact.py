@@ -5,16 +5,20 @@ dependencies and acceptance checks. The model then works on one node at a time a
 of the machine (tools, approvals, budgets and the ledger apply as usual). When it ends a turn
 without tool calls, a **verifier** checks the node against its acceptance check; a failed check
 makes a **replanner** rewrite the remaining plan (passed nodes stay, with their results). A Steer,
-or a node that runs too many turns without an answer, also triggers a replan.
+a Followup after the last node passed, or a node that runs too many turns without an answer, also
+triggers a replan.
 
 Phases:
 
 * **PreTurn** — no plan yet: one planner call (schema-constrained, so it works on a small local
   model too), validated, then ``ctx.update_plan``; the first ready node starts. A goal version
-  above the plan's (a Steer) → replan. The running node for more than ``max_turns_per_node``
-  model calls → it fails as stale → replan. Then a short note about the current node is added to
-  the system message of this call's context (rebuilt from the checkpointed plan at every PreTurn,
-  so a resumed run sends the same note).
+  above the plan's (a Steer) → replan. No node running: a node failed and its replan did not
+  happen (the run stopped first) → that replan now; the replans were spent and a person resumed
+  → a replan with a fresh budget; every node passed and the user followed up → a replan for the
+  followup. The running node for more than ``max_turns_per_node`` model calls → it fails as stale
+  → replan. Then a short note about the current node is added to the system message of this
+  call's context (rebuilt from the checkpointed plan at every PreTurn, so a resumed run sends the
+  same note; the plan's texts in it are quoted).
 * **PostTurn** (a turn that ended without tool calls) — the current node is checked: a
   programmatic check (``checks[node.check]``, then ``check``) or, when none decides, a model
   grader. Passed → the node keeps the answer's summary; the next ready node starts and its
@@ -22,21 +26,39 @@ Phases:
   ``Complete`` with each node's evidence. Failed → the node is logged failed, the replanner writes
   the remaining nodes, the first ready one starts → ``Continue`` with its instruction.
 * After ``max_replans`` replans for failures (or staleness) since the run started or a person
-  last stepped in (a Steer, a resume after the budget was spent), or a planner that gives no valid plan in ``plan_attempts`` calls, the run stops:
-  WAITING_HUMAN (``on_exhausted="human"``, the default; a resume replans with a fresh budget)
-  or FAILED_TERMINAL (``"fail"``), ``error.kind`` ``plan_failed`` or ``plan_invalid``.
+  last stepped in (a Steer, a Followup, a resume after the budget was spent), or a planner that
+  gives no valid plan in ``plan_attempts`` calls, the run stops: WAITING_HUMAN
+  (``on_exhausted="human"``, the default; a resume after spent replans replans with a fresh
+  budget) or FAILED_TERMINAL (``"fail"``), ``error.kind`` ``plan_failed`` or ``plan_invalid``.
+
+**What the planner, the replanner and the grader see** is what the model saw: the task is the
+latest user request in this call's context (``ctx.messages``, after the ``redaction`` plugin
+masked it: PlanAct is innermost and wrapped by ``redaction``), cut to :data:`MAX_GOAL_CHARS`;
+the rest is the plan (written by the planner from that text) and the model's answers.
+
+**Budgets.** Planner, replanner and grader calls go through ``ctx.call_provider(...,
+account=True)``: their tokens and cost count toward the run's usage. Before each of them the
+run's token, cost and wall-clock budgets (``RunConfig``) are checked: spent in PreTurn → the run
+stops PAUSED_BUDGET; spent in PostTurn → the check (or the replan) waits, the run pauses
+PAUSED_BUDGET at the next PreTurn, and a resume does it. These calls are not turns: the
+iterations budget and the ``budget`` plugin's model-call count leave them out.
+
+**Retries.** A call that fails with a retryable error is tried again (``retry``, a
+:class:`~fsm_agent.providers.RetryPolicy`: backoff, the server's Retry-After, the wall clock);
+the calls do not pass through ``wrap_model_call`` layers, so the ``retry`` plugin's retries and
+fallbacks do not apply to them: give ``provider=FallbackProvider([...])`` for a fallback.
 
 The plan is in the run state, so it is in every checkpoint: a run paused mid-plan
 (PAUSED_BUDGET, INTERRUPTED, WAITING_HUMAN) resumes at the node it was on, with no new planner
-call. Each change is logged as ``plan_updated`` (the whole plan and the reason). Planner,
-replanner and grader calls go through ``ctx.call_provider(..., account=True)``: their tokens and
-cost count toward the run's usage and budgets. :func:`recorded_planner` answers those calls from a
-session's log, for an offline replay. The full description: ``docs/planact.md``.
+call. Each change is logged as ``plan_updated`` (the whole plan and the reason).
+:func:`recorded_planner` answers those calls from a session's log, for an offline replay. The full
+description: ``docs/planact.md``.
 """
 
 from __future__ import annotations
 
 import inspect
+import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Optional, Union
 
@@ -45,20 +67,24 @@ from attrs import evolve
 
 from fsm_agent import (
     AssistantMessage,
-    ScriptedProvider,
     Complete,
     ConfigurationError,
     Continue,
     InvalidPlanError,
     MessageRequest,
+    MessageResponse,
     Middleware,
+    ModelRetry,
     ModelStopReason,
     NodeStatus,
+    Ordering,
     OutputSchema,
     Plan,
     PlanNode,
     Provider,
+    RetryPolicy,
     RunContext,
+    ScriptedProvider,
     StopReason,
     StopRun,
     SystemMessage,
@@ -67,12 +93,14 @@ from fsm_agent import (
 )
 from fsm_agent.errors import ProviderError
 from fsm_agent.providers import text_response
-from fsm_agent.types import Replan, ReplanTrigger, nodes_from_output, plan_output_schema, structure
+from fsm_agent.types import ID_CHARS, Replan, ReplanTrigger, nodes_from_output, plan_output_schema, structure
 
-from .verifier import Verdict, parse_verdict
+from .verifier import VERDICT_SCHEMA, Verdict, grade
 
 __all__ = [
     "GRADER_INSTRUCTIONS",
+    "MAX_GOAL_CHARS",
+    "MAX_PLAN_NODES",
     "PLANNER_EXAMPLE",
     "PLANNER_INSTRUCTIONS",
     "REPLANNER_EXAMPLE",
@@ -86,7 +114,15 @@ __all__ = [
 NodeCheck = Callable[[RunContext, PlanNode], Union[Verdict, None, Awaitable[Optional[Verdict]]]]
 """``(ctx, node) -> Verdict | None``, plain or async: a programmatic acceptance check of the
 running node (``ctx.last_response`` holds the answer). ``None``: no opinion, the next check (or
-the model grader) decides."""
+the model grader) decides. Anything else, or an exception, stops the run FAILED_TERMINAL
+(``error.kind`` ``plan_check_failed``)."""
+
+MAX_GOAL_CHARS = 4000
+"""The task as the planner and the replanner get it, and as :attr:`Plan.goal` keeps it, is cut to
+this many characters (the plan is logged whole at each change)."""
+
+MAX_PLAN_NODES = 30
+"""The largest ``max_nodes`` PlanAct accepts."""
 
 PLANNER_INSTRUCTIONS = (
     "Split the TASK into {min_nodes} to {max_nodes} steps, in order. Each step has an id (s1, s2 ...), a goal, "
@@ -125,37 +161,47 @@ GRADER_INSTRUCTIONS = (
     "Decide whether the ANSWER does what the STEP asks, as DONE WHEN says. "
     'Reply with JSON only: "ok" (true or false) and "reason" (why, in a few words).'
 )
-"""The model grader's system prompt."""
-
-VERDICT_SCHEMA = OutputSchema("verdict", {
-    "type": "object",
-    "properties": {"ok": {"type": "boolean"}, "reason": {"type": "string", "maxLength": 300}},
-    "required": ["ok", "reason"],
-    "additionalProperties": False,
-}, "whether the answer completes the step, and why")
-"""The grader's answer: ``{"ok": bool, "reason": str}``."""
+"""The model grader's system prompt (the grader itself is the ``verifier`` plugin's
+:func:`~fsm_agent_middleware.verifier.grade`, with :data:`VERDICT_SCHEMA` as the output schema)."""
 
 _FAILURE_TRIGGERS = (ReplanTrigger.FAILED, ReplanTrigger.STALE)
+_PERSON_TRIGGERS = (ReplanTrigger.RESUMED, ReplanTrigger.STEER, ReplanTrigger.FOLLOWUP)
+_STALE = "no answer to check after "
+"""How a stale node's verdict begins (a replan cut short is redone with the trigger it had)."""
+_CHECK_NAME = re.compile(f"[{ID_CHARS}]{{1,64}}")
+_RUNTIME_PROMPTS = ("Continue.", "Your previous answer was cut off before it finished;")
+"""User messages the driver writes itself (``_no_prefill``): never taken for the task."""
+_STEER = "New direction from the user: "
+_ECHO_CHARS = 4000
+"""An invalid planner answer is sent back (for the retry) cut to this many characters."""
+
+
+class _BudgetSpent(Exception):  # noqa: N818 - a condition, caught inside the plugin
+    def __init__(self, budget: str, detail: str) -> None:
+        super().__init__(detail)
+        self.budget, self.detail = budget, detail
 
 
 class PlanAct(Middleware):
     """Plan, act node by node, verify each node, replan the rest (see the module doc).
 
     Args:
-        provider: the model for the planner, replanner and grader calls; ``None``: the run's.
-        checks: programmatic checks by name; the planner may name one per node (the schema offers
-            exactly these names), and ``node.check`` selects it.
+        provider: the model for the planner, replanner and grader calls; ``None``: the run's. A
+            :class:`~fsm_agent.providers.FallbackProvider` gives these calls a fallback.
+        checks: programmatic checks by name (names of letters, digits, ``_``, ``.``, ``-``, at most
+            64 characters); the planner may name one per node (the schema offers exactly these
+            names), and ``node.check`` selects it.
         check: a programmatic check asked about every node that names none (or whose named check
             returned ``None``); ``None`` from it defers to the grader.
         grade: ask the model grader when no programmatic check decided; ``False``: such a node
             passes once the model answers it.
-        plan: a plan to start from instead of calling the planner (validated here; used as given,
-            with the run's goal version).
+        plan: a plan to start from instead of calling the planner (validated here, and it must have
+            a node ready to run; used as given, with the run's goal version).
         min_nodes: fewest nodes the planner may write (``minItems``; the replanner may write 1).
-        max_nodes: most nodes the planner or the replanner may write.
+        max_nodes: most nodes the planner or the replanner may write (at most :data:`MAX_PLAN_NODES`).
         max_replans: replans for failed or stale nodes allowed since the run started, or since a
-            person last stepped in (a Steer, or a resume after this budget was spent); a Steer's
-            replan does not count.
+            person last stepped in (a Steer, a Followup, or a resume after this budget was spent);
+            a Steer's or a Followup's replan does not count.
         max_turns_per_node: model calls a node may take before it counts as stale (``None``: no
             limit).
         plan_attempts: planner (or replanner) calls for one plan, when an answer breaks the
@@ -164,10 +210,14 @@ class PlanAct(Middleware):
         on_exhausted: ``"human"`` (WAITING_HUMAN, the default) or ``"fail"`` (FAILED_TERMINAL) when
             the replans or the planner's attempts are spent.
         max_tokens: output tokens of each planner, replanner and grader answer.
-        temperature: of those calls (default 0).
+        temperature: of those calls (default 0; ``None``: the server's default), 0 to 2.
+        retry: how a planner, replanner or grader call that failed with a retryable error is tried
+            again (attempts in all, backoff, the server's Retry-After, bounded by the wall clock);
+            ``None``: not retried (the provider's own HTTP retries still apply).
         max_chars: ``maxLength`` of each string in the plan schema; ``"auto"``: 100 for the
             ``llamacpp`` profile (its grammar enforces it; a small model otherwise runs on until
-            the output limit cuts the JSON), none elsewhere.
+            the output limit cuts the JSON), none elsewhere (the plan rules still bound goals to
+            :data:`~fsm_agent.types.MAX_TEXT_CHARS`).
         numbered: ask for the numbered plan form (node ids ``s1``, ``s2`` ... by position, each
             node depending only on earlier or passed ones: see
             :func:`~fsm_agent.types.plan_output_schema`), so a grammar-constrained server cannot
@@ -178,40 +228,84 @@ class PlanAct(Middleware):
         planner_instructions, replanner_instructions, grader_instructions: the system prompts.
 
     Raises:
-        ConfigurationError: a bad option (``on_exhausted``, a count below its minimum, ``plan``
-            that breaks the plan rules, ``plan`` naming a check that is not registered).
+        ConfigurationError: a bad option (a value of the wrong type or out of range, a check that
+            is not callable or whose name is not a plain name, ``plan`` that breaks the plan rules,
+            names a check that is not registered, or has no node ready to run).
+
+    In a chain PlanAct is innermost, inside ``loop_detection``, ``repair`` and ``redaction``: its
+    PreTurn runs after theirs (it plans from the masked context), and its PostTurn decides first.
+    The ``verifier`` plugin cannot be in the same chain (``ChainError``).
     """
 
     name = "planact"
+    ordering = Ordering(position="innermost", wrapped_by=("loop_detection", "repair", "redaction"),
+                        conflicts={"verifier": "PlanAct checks each node itself and completes the run when the "
+                                               "last node passes; a Verifier would judge the same answers as the "
+                                               "task's (put whole-task checks in PlanAct's check=)"})
 
     def __init__(self, *, provider: Provider | None = None, checks: Mapping[str, NodeCheck] | None = None,
                  check: NodeCheck | None = None, grade: bool = True, plan: Plan | None = None,
                  min_nodes: int = 1, max_nodes: int = 6, max_replans: int = 3, max_turns_per_node: int | None = 10,
                  plan_attempts: int = 2, grade_attempts: int = 2, on_exhausted: str = "human",
-                 max_tokens: int = 600, temperature: float | None = 0.0, max_chars: int | str | None = "auto",
-                 numbered: bool | str = "auto", examples: bool = True,
+                 max_tokens: int = 600, temperature: float | None = 0.0,
+                 retry: RetryPolicy | None = RetryPolicy(max_attempts=2),
+                 max_chars: int | str | None = "auto", numbered: bool | str = "auto", examples: bool = True,
                  planner_instructions: str = PLANNER_INSTRUCTIONS,
                  replanner_instructions: str = REPLANNER_INSTRUCTIONS,
                  grader_instructions: str = GRADER_INSTRUCTIONS) -> None:
         if on_exhausted not in ("human", "fail"):
             raise ConfigurationError(f"PlanAct: on_exhausted must be 'human' or 'fail', not {on_exhausted!r}")
-        if not 1 <= min_nodes <= max_nodes:
-            raise ConfigurationError(f"PlanAct: need 1 <= min_nodes <= max_nodes (got {min_nodes}, {max_nodes})")
-        for what, n, least in (("max_replans", max_replans, 0), ("plan_attempts", plan_attempts, 1),
+        for what, n, least in (("min_nodes", min_nodes, 1), ("max_nodes", max_nodes, 1),
+                               ("max_replans", max_replans, 0), ("plan_attempts", plan_attempts, 1),
                                ("grade_attempts", grade_attempts, 1), ("max_tokens", max_tokens, 1)):
-            if n < least:
-                raise ConfigurationError(f"PlanAct: {what} must be at least {least}, not {n}")
-        if max_turns_per_node is not None and max_turns_per_node < 1:
-            raise ConfigurationError(f"PlanAct: max_turns_per_node must be at least 1 (or None), not {max_turns_per_node}")
-        if max_chars != "auto" and max_chars is not None and (not isinstance(max_chars, int) or max_chars < 20):
+            if not _integer(n) or n < least:
+                raise ConfigurationError(f"PlanAct: {what} must be an integer of at least {least}, not {n!r}")
+        if not min_nodes <= max_nodes <= MAX_PLAN_NODES:
+            raise ConfigurationError(f"PlanAct: need 1 <= min_nodes <= max_nodes <= {MAX_PLAN_NODES} "
+                                     f"(got {min_nodes}, {max_nodes})")
+        if max_turns_per_node is not None and (not _integer(max_turns_per_node) or max_turns_per_node < 1):
+            raise ConfigurationError(f"PlanAct: max_turns_per_node must be an integer of at least 1 (or None), "
+                                     f"not {max_turns_per_node!r}")
+        if max_chars not in ("auto", None) and not (_integer(max_chars) and int(max_chars) >= 20):
             raise ConfigurationError(f"PlanAct: max_chars must be 'auto', None or at least 20, not {max_chars!r}")
         if numbered not in ("auto", True, False):
             raise ConfigurationError(f"PlanAct: numbered must be 'auto', True or False, not {numbered!r}")
-        self.provider = provider
+        if temperature is not None and (isinstance(temperature, bool) or not isinstance(temperature, (int, float))
+                                        or not 0 <= temperature <= 2):
+            raise ConfigurationError(f"PlanAct: temperature must be a number from 0 to 2 (or None), "
+                                     f"not {temperature!r}")
+        for what, flag in (("grade", grade), ("examples", examples)):
+            if not isinstance(flag, bool):
+                raise ConfigurationError(f"PlanAct: {what} must be True or False, not {flag!r}")
+        if retry is not None and not isinstance(retry, RetryPolicy):
+            raise ConfigurationError(f"PlanAct: retry must be a RetryPolicy or None, not {type(retry).__name__}")
+        if provider is not None and not callable(getattr(provider, "chat", None)):
+            raise ConfigurationError(f"PlanAct: provider must be a Provider (or None: the run's), not "
+                                     f"{type(provider).__name__}")
+        for what, text in (("planner_instructions", planner_instructions),
+                           ("replanner_instructions", replanner_instructions),
+                           ("grader_instructions", grader_instructions)):
+            if not isinstance(text, str) or not text.strip():
+                raise ConfigurationError(f"PlanAct: {what} must be a non-empty string")
+        if checks is not None and not isinstance(checks, Mapping):
+            raise ConfigurationError(f"PlanAct: checks must be a mapping of name -> check, not {type(checks).__name__}")
         self.checks: dict[str, NodeCheck] = dict(checks or {})
+        for name, fn in self.checks.items():
+            if not isinstance(name, str) or not _CHECK_NAME.fullmatch(name):
+                raise ConfigurationError(f"PlanAct: the check name {name!r} must be 1 to 64 letters, digits, '_', "
+                                         "'.' or '-' (the planner is told the names)")
+            if not callable(fn):
+                raise ConfigurationError(f"PlanAct: the check {name!r} must be callable (ctx, node) -> Verdict | None, "
+                                         f"not {type(fn).__name__}")
+        if check is not None and not callable(check):
+            raise ConfigurationError(f"PlanAct: check must be callable (ctx, node) -> Verdict | None, not "
+                                     f"{type(check).__name__}")
+        self.provider = provider
         self.check = check
         self.grade = grade
         if plan is not None:
+            if not isinstance(plan, Plan):
+                raise ConfigurationError(f"PlanAct: plan must be a Plan, not {type(plan).__name__}")
             try:
                 plan.validate()
             except InvalidPlanError as exc:
@@ -220,6 +314,10 @@ class PlanAct(Middleware):
             if unknown:
                 raise ConfigurationError(f"PlanAct: the given plan names checks that are not registered: {unknown}; "
                                          "pass them in checks={name: callable}")
+            if not plan.ready() and plan.current is None:
+                states = ", ".join(f"{n.id}: {n.status.value}" for n in plan.nodes)
+                raise ConfigurationError(f"PlanAct: the given plan has no node ready to run ({states}); give a plan "
+                                         "with a pending node whose dependencies passed")
         self.plan = plan
         self.min_nodes = min_nodes
         self.max_nodes = max_nodes
@@ -230,6 +328,7 @@ class PlanAct(Middleware):
         self.on_exhausted = on_exhausted
         self.max_tokens = max_tokens
         self.temperature = temperature
+        self.retry = retry
         self.max_chars = max_chars
         self.numbered = numbered
         self.examples = examples
@@ -244,35 +343,44 @@ class PlanAct(Middleware):
 
     # -- PreTurn ---------------------------------------------------------------------------
     async def pre_turn(self, ctx: RunContext) -> None:  # async: the chain awaits it
-        """Make the plan (first turn), replan on a Steer or a stale node, and put the current node
-        in front of the model.
+        """Make the plan (first turn), replan on a Steer, a Followup or a stale node, redo a replan
+        a stop cut short, and put the current node in front of the model.
 
         Raises:
-            StopRun: WAITING_HUMAN or FAILED_TERMINAL when no valid plan comes in ``plan_attempts``
-                calls, when the replans are spent, or when a planner call fails (WAITING_HUMAN
-                for a retryable provider error, so a resume can try again).
+            StopRun: PAUSED_BUDGET when the run's token, cost or wall-clock budget is spent before a
+                planner or replanner call; WAITING_HUMAN or FAILED_TERMINAL when no valid plan comes
+                in ``plan_attempts`` calls, when the replans are spent, or when a planner call fails
+                (WAITING_HUMAN for a retryable provider error, so a resume can try again).
         """
+        try:
+            plan = await self._prepare(ctx)
+        except _BudgetSpent as spent:
+            raise StopRun(StopReason.PAUSED_BUDGET, f"{spent.detail} (before a planact call)",
+                          budget=spent.budget) from None
+        self._note(ctx, plan)
+
+    async def _prepare(self, ctx: RunContext) -> Plan:
         plan = ctx.plan
         if plan is None:
-            plan = await self._first_plan(ctx)
-        elif plan.goal_version < ctx.goal_version:
-            plan = await self._replan(ctx, plan, ReplanTrigger.STEER,
-                                      f"the goal changed (goal version {ctx.goal_version}): {_last_user_text(ctx)}",
-                                      None)
-        elif (current := plan.current) is None:
-            plan = await self._restart(ctx, plan)
-        elif (self.max_turns_per_node is not None and current.started_turn is not None
-              and ctx.turn - current.started_turn >= self.max_turns_per_node):
-            reason = (f"no answer to check after {ctx.turn - current.started_turn} model calls "
+            return await self._first_plan(ctx)
+        if plan.goal_version < ctx.goal_version:
+            return await self._replan(ctx, plan, ReplanTrigger.STEER,
+                                      f"the goal changed (goal version {ctx.goal_version}): {_steer_text(ctx)}", None)
+        current = plan.current
+        if current is None:
+            return await self._restart(ctx, plan)
+        if (self.max_turns_per_node is not None and current.started_turn is not None
+                and ctx.turn - current.started_turn >= self.max_turns_per_node):
+            reason = (f"{_STALE}{ctx.turn - current.started_turn} model calls "
                       f"(max_turns_per_node={self.max_turns_per_node})")
             plan = plan.with_node(current.id, status=NodeStatus.FAILED, attempts=current.attempts + 1, verdict=reason)
             ctx.update_plan(plan, f"node {current.id} is stale: {reason}")
-            plan = await self._replan(ctx, plan, ReplanTrigger.STALE, f"node {current.id} is stale: {reason}",
+            return await self._replan(ctx, plan, ReplanTrigger.STALE, f"node {current.id} is stale: {reason}",
                                       current.id)
-        self._note(ctx, plan)
+        return plan
 
     async def _first_plan(self, ctx: RunContext) -> Plan:
-        goal = _goal(ctx)
+        goal = _clip(_task(ctx), MAX_GOAL_CHARS, collapse=False)
         if self.plan is not None:
             plan = evolve(self.plan, goal_version=ctx.goal_version)
             how = "the given plan"
@@ -285,42 +393,57 @@ class PlanAct(Middleware):
 
             plan = await self._ask(ctx, request, schema, build, "planner")
             how = "the planner"
-        ready = plan.ready()
-        if not ready:  # a given plan whose nodes all passed: nothing left to steer
-            ctx.update_plan(plan, f"planned by {how}: {len(plan.nodes)} nodes, none left to run")
+        current = plan.current
+        if current is not None:  # a given plan with a node running: it goes on from there
+            plan = plan.start(current.id, turn=ctx.turn)
+            ctx.update_plan(plan, f"planned by {how}: {len(plan.nodes)} nodes; node {current.id} started")
             return plan
-        plan = plan.start(ready[0].id, turn=ctx.turn)
-        ctx.update_plan(plan, f"planned by {how}: {len(plan.nodes)} nodes; node {ready[0].id} started")
+        first = plan.ready()[0]  # a valid planner answer has a ready node; a given plan was checked for one
+        plan = plan.start(first.id, turn=ctx.turn)
+        ctx.update_plan(plan, f"planned by {how}: {len(plan.nodes)} nodes; node {first.id} started")
         return plan
 
     async def _restart(self, ctx: RunContext, plan: Plan) -> Plan:
-        """No node is running: a run resumed after its replans were spent (a failed node) gets a
-        replan with a fresh budget; otherwise the next ready node starts."""
+        """No node is running. A failed node whose replan did not happen (the run stopped first: a
+        failed replanner call, a budget pause, an interrupt, a crash) gets that replan now, counted
+        as before; when the replans were spent (the run stopped ``plan_failed``), a person's resume
+        gets a replan with a fresh budget. Every node passed (a Followup continued the run) → nodes
+        for the followup are planned."""
         failed = next((n for n in plan.nodes if n.status is NodeStatus.FAILED), None)
         if failed is not None:
-            return await self._replan(ctx, plan, ReplanTrigger.RESUMED,
-                                      f"a person resumed the run after node {failed.id} failed: "
-                                      f"{failed.verdict or 'no reason recorded'}", failed.id)
+            verdict = failed.verdict or "no reason recorded"
+            if _failure_replans(plan.history) >= self.max_replans:
+                return await self._replan(ctx, plan, ReplanTrigger.RESUMED,
+                                          f"a person resumed the run after node {failed.id} failed: {verdict}",
+                                          failed.id)
+            if verdict.startswith(_STALE):
+                return await self._replan(ctx, plan, ReplanTrigger.STALE, f"node {failed.id} is stale: {verdict}",
+                                          failed.id)
+            return await self._replan(ctx, plan, ReplanTrigger.FAILED,
+                                      f"node {failed.id} failed its check: {verdict}", failed.id)
         ready = plan.ready()
-        if not ready:
-            return plan  # every node passed (a followup keeps the run going): nothing to steer
-        plan = plan.start(ready[0].id, turn=ctx.turn)
-        ctx.update_plan(plan, f"node {ready[0].id} started")
-        return plan
+        if ready:
+            plan = plan.start(ready[0].id, turn=ctx.turn)
+            ctx.update_plan(plan, f"node {ready[0].id} started")
+            return plan
+        return await self._replan(ctx, plan, ReplanTrigger.FOLLOWUP,
+                                  f"the user followed up: {_clip(_task(ctx), 400)}", None)
 
     def _note(self, ctx: RunContext, plan: Plan) -> None:
         """The current node, at the end of this call's system message (not in the transcript: it is
-        rebuilt from the checkpointed plan at every PreTurn)."""
+        rebuilt from the checkpointed plan at every PreTurn). The plan's texts are quoted as JSON
+        strings, one line each: they come from the task (through the planner), not from the system."""
         current = plan.current
         if current is None:
             return
         done = [n.id for n in plan.nodes if n.status is NodeStatus.PASSED]
-        lines = [f"You are following a plan. Current step {current.id}: {current.goal}"]
+        lines = [f"You are following a plan. Current step {current.id}: {_quoted(current.goal)}"]
         if current.acceptance:
-            lines.append(f"Done when: {current.acceptance}")
+            lines.append(f"Done when: {_quoted(current.acceptance)}")
         if done:
             lines.append(f"Steps already done: {', '.join(done)}.")
-        lines.append("Work on the current step only, then give its result.")
+        lines.append("Work on the current step only, then give its result. (The quoted texts are the plan's, "
+                     "written from the task.)")
         note = "\n".join(lines)
         messages = ctx.messages
         if messages and isinstance(messages[0], SystemMessage):
@@ -335,12 +458,16 @@ class PlanAct(Middleware):
 
         Returns:
             ``Continue`` with the next node's instruction (after a pass, or after a replan), or
-            ``Complete`` with every node's evidence when the last node passed.
+            ``Complete`` with every node's evidence when the last node passed. When the run's
+            token, cost or wall-clock budget is spent before the grader or the replanner call:
+            ``Continue`` with a note, and the run pauses PAUSED_BUDGET at the next PreTurn (the
+            node is checked again, or replanned, after a resume).
 
         Raises:
             StopRun: WAITING_HUMAN or FAILED_TERMINAL when the replans are spent (the node is
                 logged ``failed``), when the replanner gives no valid plan, when a grader or
-                replanner call fails, or when a node names a check that is not registered.
+                replanner call fails; FAILED_TERMINAL when a node names a check that is not
+                registered, or a check raises or returns something other than a Verdict or None.
         """
         resp = ctx.last_response
         if resp is None or resp.tool_calls or resp.stop_reason is ModelStopReason.PAUSE_TURN:
@@ -349,18 +476,22 @@ class PlanAct(Middleware):
         node = plan.current if plan is not None else None
         if plan is None or node is None:
             return None
-        verdict = await self._verify(ctx, node)
+        try:
+            verdict = await self._verify(ctx, node)
+        except _BudgetSpent as spent:
+            return Continue(message=UserMessage(f"The result of step {node.id} was not checked: {spent.detail}. "
+                                                f"When the run goes on, give the result of step {node.id} again."),
+                            reason=f"plan: node {node.id} is not checked ({spent.detail}); the run pauses")
+        reason = _clip(verdict.feedback, 500) if verdict.feedback else ""
         plan = plan.with_node(node.id, attempts=node.attempts + 1, result=_clip(resp.text, 500),
-                              verdict=verdict.feedback or ("passed" if verdict.ok else "failed"),
-                              evidence=verdict.evidence)
+                              verdict=reason or ("passed" if verdict.ok else "failed"), evidence=verdict.evidence)
         if verdict.ok:
             plan = plan.with_node(node.id, status=NodeStatus.PASSED)
             ready = plan.ready()
             if not ready:
                 if not plan.done:  # pragma: no cover - a valid plan with open nodes always has a ready one
                     raise StopRun(StopReason.FAILED_TERMINAL, f"planact: node {node.id} passed but no node is ready")
-                ctx.update_plan(plan, f"node {node.id} passed: {verdict.feedback or 'the check passed'}; "
-                                      "every node passed")
+                ctx.update_plan(plan, f"node {node.id} passed: {reason or 'the check passed'}; every node passed")
                 evidence = tuple(e for n in plan.order() if n.status is NodeStatus.PASSED
                                  for e in (f"plan:v{plan.version}:{n.id}:passed", *n.evidence))
                 passed = sum(n.status is NodeStatus.PASSED for n in plan.nodes)
@@ -368,15 +499,19 @@ class PlanAct(Middleware):
                                 f"node{'' if passed == 1 else 's'}, {plan.replans} replan"
                                 f"{'' if plan.replans == 1 else 's'})")
             plan = plan.start(ready[0].id, turn=ctx.turn)
-            ctx.update_plan(plan, f"node {node.id} passed: {verdict.feedback or 'the check passed'}; "
-                                  f"node {ready[0].id} started")
+            ctx.update_plan(plan, f"node {node.id} passed: {reason or 'the check passed'}; node {ready[0].id} started")
             return Continue(message=UserMessage(self._instruction(plan, ready[0])),
                             reason=f"plan: node {node.id} passed; next node {ready[0].id}")
-        reason = verdict.feedback or "the check failed without a reason"
+        reason = reason or "the check failed without a reason"
         plan = plan.with_node(node.id, status=NodeStatus.FAILED)
         ctx.update_plan(plan, f"node {node.id} failed its check: {reason}")
-        plan = await self._replan(ctx, plan, ReplanTrigger.FAILED, f"node {node.id} failed its check: {reason}",
-                                  node.id)
+        try:
+            plan = await self._replan(ctx, plan, ReplanTrigger.FAILED, f"node {node.id} failed its check: {reason}",
+                                      node.id)
+        except _BudgetSpent as spent:
+            return Continue(message=UserMessage(f"Step {node.id} did not pass its check: {reason}. The plan is "
+                                                "revised when the run goes on."),
+                            reason=f"plan: node {node.id} failed its check; the replan waits ({spent.detail})")
         current = plan.current
         assert current is not None  # _replan starts a node
         return Continue(message=UserMessage(self._instruction(plan, current, failed=(node.id, reason))),
@@ -402,11 +537,11 @@ class PlanAct(Middleware):
                               f"planact: node {node.id} names the check {node.check!r}, which is not registered "
                               f"(registered: {sorted(self.checks) or 'none'}); pass it in PlanAct(checks=...)",
                               error={"kind": "plan_check_unknown", "message": f"unknown check {node.check!r}"})
-            verdict = await _ask_check(named, ctx, node)
+            verdict = await _ask_check(named, node.check, ctx, node)
             if verdict is not None:
                 return verdict
         if self.check is not None:
-            verdict = await _ask_check(self.check, ctx, node)
+            verdict = await _ask_check(self.check, "check", ctx, node)
             if verdict is not None:
                 return verdict
         if not self.grade:
@@ -420,25 +555,14 @@ class PlanAct(Middleware):
             model=provider.model or "",
             messages=(SystemMessage(self.grader_instructions),
                       UserMessage(f"STEP: {node.goal}\nDONE WHEN: {node.acceptance or node.goal}\n\n"
-                                  f"ANSWER:\n{_clip(answer, 4000)}")),
+                                  f"ANSWER:\n{_clip(answer, 4000, collapse=False)}")),
             max_tokens=min(self.max_tokens, 200), temperature=self.temperature, output_schema=VERDICT_SCHEMA)
-        raw = ""
-        for _ in range(self.grade_attempts):
-            response = await self._call(ctx, request, "grader")
-            raw = response.text
-            parsed = parse_output(response, VERDICT_SCHEMA)
-            found: tuple[bool, str] | None = None
-            if parsed.ok and isinstance(parsed.value, dict):
-                found = bool(parsed.value["ok"]), str(parsed.value["reason"])
-            else:
-                found = parse_verdict(raw)
-            if found is not None:
-                ok, reason = found
-                who = f"{response.provider or provider.name}/{response.model or request.model}"
-                return Verdict(ok, reason, (f"grader:{who}:{response.id}",))
-        raise StopRun(StopReason.FAILED_TERMINAL,
-                      f"planact: the grader gave no readable verdict on node {node.id} in {self.grade_attempts} "
-                      f"attempt(s); last reply: {raw[:300]!r}", error={"kind": "verifier_unreadable", "message": raw[:2000]})
+
+        async def call(req: MessageRequest) -> MessageResponse:
+            return await self._call(ctx, req, "grader")
+
+        return await grade(request, call, provider=provider, attempts=self.grade_attempts, who="planact",
+                           subject=f"on node {node.id}", records=ctx.state(self).setdefault("grader_calls", []))
 
     # -- planner and replanner ---------------------------------------------------------------
     def _schema(self, ctx: RunContext, name: str, min_nodes: int, plan: Plan | None = None) -> OutputSchema:
@@ -566,7 +690,7 @@ class PlanAct(Middleware):
             calls = ctx.state(self).setdefault("invalid", [])
             calls.append({"role": role, "problem": problem, "raw": parsed.raw[:2000]})
             if parsed.raw.strip():
-                messages.append(AssistantMessage(parsed.raw))
+                messages.append(AssistantMessage(_clip(parsed.raw, _ECHO_CHARS, collapse=False)))
             messages.append(UserMessage(f"That plan cannot be used: {_clip(problem, 600)}\n"
                                         "Reply again with only the corrected JSON."))
         detail = (f"planact: the {role} gave no valid plan in {self.plan_attempts} call(s); "
@@ -577,13 +701,37 @@ class PlanAct(Middleware):
         raise StopRun(StopReason.WAITING_HUMAN, detail, error=error,
                       required_decision=f"resume to ask the {role} again (a Steer first can clarify the task), or cancel")
 
-    async def _call(self, ctx: RunContext, request: MessageRequest, role: str) -> Any:
-        try:
-            return await ctx.call_provider(request, provider=self.provider, account=True)
-        except ProviderError as exc:
-            stop = StopReason.WAITING_HUMAN if exc.retryable else StopReason.FAILED_TERMINAL
-            raise StopRun(stop, f"planact: the {role} call failed: {exc}", error=exc.to_info(),
-                          required_decision=f"resume to call the {role} again" if exc.retryable else None) from exc
+    async def _call(self, ctx: RunContext, request: MessageRequest, role: str) -> MessageResponse:
+        """One planner, replanner or grader call: the run's budgets are checked first, and a
+        retryable failure is tried again under ``retry``.
+
+        Raises:
+            _BudgetSpent: the run's token, cost or wall-clock budget is spent (the caller decides
+                the stop: PAUSED_BUDGET in PreTurn, a deferred check or replan in PostTurn).
+            StopRun: the call failed for good (WAITING_HUMAN when the error is retryable).
+        """
+        attempt = 0
+        while True:
+            spent = _spent_budget(ctx)
+            if spent is not None:
+                raise _BudgetSpent(*spent)
+            attempt += 1
+            try:
+                return await ctx.call_provider(request, provider=self.provider, account=True)
+            except ProviderError as exc:
+                wait = (self.retry.delay(exc, attempt, remaining=ctx.remaining_wall_clock)
+                        if self.retry is not None else None)
+                if wait is None:
+                    stop = StopReason.WAITING_HUMAN if exc.retryable else StopReason.FAILED_TERMINAL
+                    raise StopRun(stop, f"planact: the {role} call failed: {exc}", error=exc.to_info(),
+                                  required_decision=f"resume to call the {role} again" if exc.retryable else None
+                                  ) from exc
+                name = getattr(self.provider or ctx.provider, "name", "?")
+                ctx.emit(ModelRetry(ctx.session_id, ctx.turn, attempt, exc.status, exc.kind, exc.message[:2000], wait,
+                                    server_hint=exc.retry_after is not None, provider=exc.provider or name,
+                                    layer="planact"))
+                assert self.retry is not None
+                await self.retry.wait(wait)
 
 
 def recorded_planner(events: Sequence[Any]) -> Provider:
@@ -641,40 +789,93 @@ def recorded_planner(events: Sequence[Any]) -> Provider:
     return provider
 
 
+
+
 # -- helpers ---------------------------------------------------------------------------------
-async def _ask_check(check: NodeCheck, ctx: RunContext, node: PlanNode) -> Verdict | None:
-    verdict = check(ctx, node)
-    if inspect.isawaitable(verdict):
-        verdict = await verdict
+def _integer(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+async def _ask_check(check: NodeCheck, name: str, ctx: RunContext, node: PlanNode) -> Verdict | None:
+    """Ask a programmatic check; one that raises, or answers with something other than a Verdict or
+    None, stops the run FAILED_TERMINAL with ``error.kind`` ``plan_check_failed``."""
+    try:
+        verdict = check(ctx, node)
+        if inspect.isawaitable(verdict):
+            verdict = await verdict
+    except StopRun:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a check's failure is typed, not a crash of the plugin
+        detail = f"planact: the check {name!r} raised on node {node.id}: {type(exc).__name__}: {exc}"
+        raise StopRun(StopReason.FAILED_TERMINAL, detail,
+                      error={"kind": "plan_check_failed", "message": detail, "check": name, "node": node.id}) from exc
     if verdict is not None and not isinstance(verdict, Verdict):
-        raise TypeError(f"a PlanAct check returned {type(verdict).__name__}, not a Verdict or None")
+        detail = (f"planact: the check {name!r} returned {type(verdict).__name__} on node {node.id}; a check returns "
+                  "a Verdict, or None to leave the node to the next check")
+        raise StopRun(StopReason.FAILED_TERMINAL, detail,
+                      error={"kind": "plan_check_failed", "message": detail, "check": name, "node": node.id})
     return verdict
+
+
+def _spent_budget(ctx: RunContext) -> tuple[str, str] | None:
+    """(budget, detail) of the first spent RunConfig budget that a planact call would run past
+    (wall clock, tokens, cost: the driver's checks and texts), or ``None``."""
+    cfg = ctx.config
+    if cfg.max_wall_clock is not None and ctx.elapsed > cfg.max_wall_clock:
+        return "wall_clock", f"wall-clock budget exhausted: {ctx.elapsed:.1f} s of {cfg.max_wall_clock:g} s used"
+    usage = ctx.usage
+    if cfg.max_tokens is not None and usage.total_tokens >= cfg.max_tokens:
+        est = " (partly estimated)" if usage.estimated else ""
+        return "tokens", f"token budget exhausted: {usage.total_tokens} of {cfg.max_tokens} tokens used{est}"
+    cost = ctx.cost_usd
+    if cfg.max_cost_usd is not None and cost is not None and cost >= cfg.max_cost_usd:
+        return "cost", f"cost budget exhausted: ${cost:.4f} of ${cfg.max_cost_usd:.4f} used"
+    return None
 
 
 def _failure_replans(history: Sequence[Replan]) -> int:
     """Replans for failed or stale nodes since a person last stepped in (a resume after the
-    budget was spent, a Steer)."""
+    budget was spent, a Steer, a Followup)."""
     count = 0
     for r in history:
-        if r.trigger in (ReplanTrigger.RESUMED, ReplanTrigger.STEER):
+        if r.trigger in _PERSON_TRIGGERS:
             count = 0
         elif r.trigger in _FAILURE_TRIGGERS:
             count += 1
     return count
 
 
-def _goal(ctx: RunContext) -> str:
-    """The task: the first user message of the transcript."""
-    return next((m.text for m in ctx.transcript if isinstance(m, UserMessage)), "")
+def _user_texts(ctx: RunContext) -> list[str]:
+    """The user messages of this call's context (masked, when the ``redaction`` plugin runs), latest
+    first, without the continuation prompts the runtime writes itself."""
+    return [m.text for m in reversed(ctx.messages)
+            if isinstance(m, UserMessage) and m.text.strip() and not m.text.startswith(_RUNTIME_PROMPTS)]
 
 
-def _last_user_text(ctx: RunContext) -> str:
-    return _clip(next((m.text for m in reversed(ctx.transcript) if isinstance(m, UserMessage)), ""), 400)
+def _task(ctx: RunContext) -> str:
+    """The task: the latest user request the model sees (a chat history's last question, a followup)."""
+    return next(iter(_user_texts(ctx)), "")
 
 
-def _clip(text: str, limit: int) -> str:
-    text = " ".join(text.split())
+def _steer_text(ctx: RunContext) -> str:
+    """The latest Steer's direction as the model sees it (else the latest user message)."""
+    texts = _user_texts(ctx)
+    text = next((t[len(_STEER):] for t in texts if t.startswith(_STEER)), texts[0] if texts else "")
+    return _clip(text.split("\nKeep what has already been verified")[0], 400)
+
+
+def _clip(text: str, limit: int, *, collapse: bool = True) -> str:
+    """``text`` cut to ``limit`` characters (the last one then ``…``); ``collapse``: runs of
+    whitespace made one space first (for one-line prompts and summaries; an answer shown to the
+    grader keeps its lines)."""
+    if collapse:
+        text = " ".join(text.split())
     return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
+def _quoted(text: str) -> str:
+    """A plan text as one JSON string literal: quoted, its line breaks and quotes escaped."""
+    return orjson.dumps(_clip(text, 1000, collapse=False)).decode()
 
 
 def _doc(fn: Any) -> str:

@@ -42,18 +42,22 @@ from fsm_agent import (
     Complete,
     Continue,
     MessageRequest,
+    MessageResponse,
     Middleware,
     ModelStopReason,
+    OutputSchema,
     Provider,
     RunContext,
     StopReason,
     StopRun,
     SystemMessage,
     UserMessage,
+    parse_output,
 )
 from fsm_agent.errors import ProviderError
 
-__all__ = ["GRADER_INSTRUCTIONS", "VERDICT_FORMAT", "ModelGrader", "Verdict", "Verifier", "parse_verdict"]
+__all__ = ["GRADER_INSTRUCTIONS", "VERDICT_FORMAT", "VERDICT_SCHEMA", "ModelGrader", "Verdict", "Verifier",
+           "grade", "grader_failure", "parse_verdict", "read_verdict"]
 
 
 def _strings(values: Iterable[str]) -> tuple[str, ...]:
@@ -90,6 +94,15 @@ VERDICT_FORMAT: dict[str, Any] = {
 }
 """The grader's ``response_format`` (OpenAI-style JSON schema; enforced by grammar on llama.cpp)."""
 
+VERDICT_SCHEMA = OutputSchema("verdict", {
+    "type": "object",
+    "properties": {"ok": {"type": "boolean"}, "reason": {"type": "string", "maxLength": 300}},
+    "required": ["ok", "reason"],
+    "additionalProperties": False,
+}, "whether the answer does what was asked, and why")
+"""The grader's answer as an ``output_schema`` (``{"ok": bool, "reason": str}``, the reason at most
+300 characters): schema-constrained decoding where the server has it (llama.cpp's grammar)."""
+
 GRADER_INSTRUCTIONS = (
     "You are a strict grader. Decide whether the ANSWER fully and correctly satisfies the TASK. "
     'Reply with JSON only: {"ok": true or false, "reason": "one short sentence"}.'
@@ -125,6 +138,71 @@ def parse_verdict(text: str) -> tuple[bool, str] | None:
         reason = obj.get("reason", "")
         return ok, (reason if isinstance(reason, str) else orjson.dumps(reason).decode())[:2000]
     return None
+
+
+def read_verdict(response: MessageResponse, schema: OutputSchema | None = None) -> tuple[bool, str] | None:
+    """``(ok, reason)`` from a grader's response, or ``None`` when it holds no readable verdict.
+
+    With ``schema`` (the request's ``output_schema``, e.g. :data:`VERDICT_SCHEMA`), a reply that
+    matches it is read as is; any other reply (and every reply without a schema) is read by
+    :func:`parse_verdict`.
+    """
+    if schema is not None:
+        parsed = parse_output(response, schema)
+        if parsed.ok and isinstance(parsed.value, dict) and isinstance(parsed.value.get("ok"), bool):
+            reason = parsed.value.get("reason", "")
+            return parsed.value["ok"], (reason if isinstance(reason, str) else str(reason))[:2000]
+    return parse_verdict(response.text)
+
+
+def grader_failure(exc: ProviderError, who: str, required_decision: str) -> StopRun:
+    """The typed stop for a grader call that failed (after the provider's own retries): WAITING_HUMAN
+    with ``required_decision`` when ``exc`` is retryable (a resume can grade again; PostTurn has no
+    FAILED_RETRYABLE row), FAILED_TERMINAL otherwise; ``error`` is the provider error's info."""
+    stop = StopReason.WAITING_HUMAN if exc.retryable else StopReason.FAILED_TERMINAL
+    return StopRun(stop, f"{who}: the grader call failed: {exc}", error=exc.to_info(),
+                   required_decision=required_decision if exc.retryable else None)
+
+
+async def grade(request: MessageRequest, call: Callable[[MessageRequest], Awaitable[MessageResponse]], *,
+                provider: Provider, attempts: int, who: str, subject: str = "",
+                records: list[dict[str, Any]] | None = None) -> Verdict:
+    """Ask a model grader for a verdict: ``await call(request)`` up to ``attempts`` times, until a
+    reply holds one (:func:`read_verdict`, against the request's ``output_schema`` if it has one).
+    The grader of both the ``verifier`` plugin (:class:`ModelGrader`) and the ``planact`` plugin.
+
+    Args:
+        request: the grading request (its ``output_schema`` or ``response_format`` asks for the verdict).
+        call: makes one call; a failed call raises (e.g. the :func:`grader_failure` stop).
+        provider: the grader model (named in the evidence when the response does not name itself).
+        attempts: calls allowed for one verdict.
+        who: the plugin's name, first in the stop's detail.
+        subject: what was graded, said in the stop's detail (``"on node s2"``); empty: nothing.
+        records: when given, each call is appended as ``{"raw", "verdict", "response_id", "usage"}``.
+
+    Returns:
+        the verdict, with the evidence ``grader:<provider>/<model>:<response id>`` and
+        ``grader verdict ok=<true|false>: <reason>``.
+
+    Raises:
+        StopRun: FAILED_TERMINAL, ``error.kind`` ``verifier_unreadable``, when no reply held a verdict.
+    """
+    raw = ""
+    for _ in range(attempts):
+        response = await call(request)
+        raw = response.text
+        parsed = read_verdict(response, request.output_schema)
+        if records is not None:
+            records.append({"raw": raw, "verdict": parsed, "response_id": response.id, "usage": response.usage})
+        if parsed is not None:
+            ok, reason = parsed
+            name = f"{response.provider or provider.name}/{response.model or request.model}"
+            evidence = (f"grader:{name}:{response.id}", f"grader verdict ok={str(ok).lower()}: {reason}")
+            return Verdict(ok, reason, evidence)
+    about = f" {subject}" if subject else ""
+    raise StopRun(StopReason.FAILED_TERMINAL,
+                  f"{who}: the grader gave no readable verdict{about} in {attempts} attempt(s); "
+                  f"last reply: {raw[:300]!r}", error={"kind": "verifier_unreadable", "message": raw[:2000]})
 
 
 class ModelGrader:
@@ -183,29 +261,15 @@ class ModelGrader:
         )
 
     async def __call__(self, ctx: RunContext) -> Verdict:
-        request = self.request(ctx)
-        provider = self.provider or ctx.provider
-        calls = ctx.state(self).setdefault("calls", [])
-        raw = ""
-        for _ in range(self.attempts):
+        async def call(request: MessageRequest) -> MessageResponse:
             try:
-                response = await ctx.call_provider(request, provider=self.provider, account=True)
+                return await ctx.call_provider(request, provider=self.provider, account=True)
             except ProviderError as exc:
-                stop = StopReason.WAITING_HUMAN if exc.retryable else StopReason.FAILED_TERMINAL
-                raise StopRun(stop, f"verifier: the grader call failed: {exc}", error=exc.to_info(),
-                              required_decision=("the answer could not be verified: accept it, or resume to "
-                                                 "verify again") if exc.retryable else None) from exc
-            raw = response.text
-            parsed = parse_verdict(raw)
-            calls.append({"raw": raw, "verdict": parsed, "response_id": response.id, "usage": response.usage})
-            if parsed is not None:
-                ok, reason = parsed
-                who = f"{response.provider or provider.name}/{response.model or request.model}"
-                evidence = (f"grader:{who}:{response.id}", f"grader verdict ok={str(ok).lower()}: {reason}")
-                return Verdict(ok, reason, evidence)
-        raise StopRun(StopReason.FAILED_TERMINAL,
-                      f"verifier: the grader gave no readable verdict in {self.attempts} attempt(s); "
-                      f"last reply: {raw[:300]!r}", error={"kind": "verifier_unreadable", "message": raw[:2000]})
+                raise grader_failure(exc, "verifier", "the answer could not be verified: accept it, or resume to "
+                                                      "verify again") from exc
+
+        return await grade(self.request(ctx), call, provider=self.provider or ctx.provider, attempts=self.attempts,
+                           who="verifier", records=ctx.state(self).setdefault("calls", []))
 
 
 class Verifier(Middleware):

@@ -51,6 +51,11 @@ class CallProvider(Protocol):
         account: add the call's usage and cost to the run (for calls outside the Model phase, such
             as a grader's; the Model phase accounts its own call).
 
+    An Interrupt or a Cancel cuts the call (the runtime watches the controls as it does during the
+    Model phase's call): the run then stops, from the phase the call was made in. The signal that
+    ends the call is the runtime's; a plugin should let it through (catch ``ProviderError``, not
+    ``Exception``), though the run stops before any further model call even if it does not.
+
     Raises:
         ProviderError: the call failed (after the provider's own retries).
     """

@@ -66,8 +66,9 @@ class ModelStreamEvent:
 class ModelRetry:
     """A failed model call is about to be tried again, after ``delay_s`` seconds.
 
-    Emitted for the provider's own retries of an HTTP attempt (``layer="provider"``) and for the
-    ``retry`` plugin's retries of a whole call (``layer="retry"``); written to the session log as
+    Emitted for the provider's own retries of an HTTP attempt (``layer="provider"``), for the
+    ``retry`` plugin's retries of a whole call (``layer="retry"``), and for a plugin's retries of its
+    own side calls (``layer`` the plugin's name, e.g. ``planact``); written to the session log as
     ``model_retry``."""
 
     TAG: ClassVar[str] = "model_retry"
@@ -88,7 +89,8 @@ class ModelRetry:
     provider: str | None = None
     """The provider that failed."""
     layer: str = "provider"
-    """``provider`` (an HTTP attempt retried inside the provider call) or ``retry`` (the plugin)."""
+    """``provider`` (an HTTP attempt retried inside the provider call), ``retry`` (the plugin), or the
+    name of a plugin retrying its own side call (``planact``)."""
 
 
 @frozen

@@ -109,6 +109,8 @@ class ReplanTrigger(str, enum.Enum):
     """The user changed the goal (a Steer: the goal version went up)."""
     RESUMED = "resumed"
     """A person resumed a run that had stopped because the plan could not be repaired."""
+    FOLLOWUP = "followup"
+    """The user followed up after every node had passed (a Followup): nodes for it are planned."""
 
 
 def _strings(value: Iterable[str]) -> tuple[str, ...]:
@@ -160,7 +162,7 @@ class Replan:
     turn: int
     """The run's turn count (model calls) when it happened."""
     node: str | None = None
-    """The node whose failure (or staleness) caused it; ``None`` for a steer."""
+    """The node whose failure (or staleness) caused it; ``None`` for a steer or a followup."""
     dropped: tuple[str, ...] = field(default=(), converter=_strings)
     """Ids of open (or failed) nodes the replan left out: they are now ``skipped``."""
     added: tuple[str, ...] = field(default=(), converter=_strings)

@@ -90,7 +90,8 @@ class Counting:
             self.side_completed += 1
 
 
-async def run_with_control(phase: str, control: Any, *, swallow: bool = False) -> tuple[Any, Counting, SideCaller, float]:
+async def run_with_control(phase: str, control: Any, *,
+                           swallow: bool = False) -> tuple[Any, Counting, SideCaller, float]:
     model = Counting()
     side = SideCaller(phase, swallow)
     agent = Agent(ScriptedProvider([model], repeat_last=True, stream_delay=0.005, chunk_chars=5),
