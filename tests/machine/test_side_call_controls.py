@@ -17,7 +17,8 @@ from typing import Any
 
 import pytest
 
-from fsm_agent import Agent, Cancel, Interrupt, MemoryStore, Middleware, ScriptedProvider, StopReason, UserMessage
+from fsm_agent import (Agent, Cancel, Interrupt, MemoryStore, Middleware, ScriptedProvider, StopReason, StopRun,
+                       UserMessage)
 from fsm_agent.providers import text_response
 from fsm_agent.types import MessageComplete, MessageRequest, ModelStreamEvent, TextDelta
 
@@ -154,3 +155,48 @@ async def test_the_cut_side_call_is_logged_and_the_run_resumes() -> None:
     side.phase = "off"
     resumed = await agent.resume("r")
     assert resumed.stop.reason is StopReason.COMPLETED and model.model_calls == 1
+
+
+@pytest.mark.parametrize("store", [MemoryStore, None], ids=["memory store", "no store"])
+async def test_an_in_process_interrupt_cuts_a_side_call_too(store: Any) -> None:
+    """``Agent.interrupt_all`` (a signal handler's way) cuts the side call at once, with or without
+    a store (without one there is no control watcher: the signal alone must do it)."""
+    model = Counting()
+    agent = Agent(ScriptedProvider([model], repeat_last=True, stream_delay=0.005, chunk_chars=5),
+                  store=store() if store is not None else None, middleware=[SideCaller("PreTurn")],
+                  observers=[model.observe], control_poll=0.05)
+    run = asyncio.ensure_future(agent.run("go"))
+    await asyncio.wait_for(model.first_chunk.wait(), 30)
+    model.control_at = time.monotonic()
+    assert agent.interrupt_all("the user pressed ctrl-c") == 1
+    result = await asyncio.wait_for(run, 30)
+    assert result.stop.reason is StopReason.INTERRUPTED
+    assert result.stop.detail == "the user pressed ctrl-c (during PreTurn)"
+    assert model.side_completed == 0 and model.side_chunks_after_control < 5 and model.model_calls == 0
+
+
+class CarefulCaller(SideCaller):
+    """Lets ``StopRun`` through and records any other failure as its own (the compaction plugin's
+    summarizer does this)."""
+
+    async def _side(self, ctx: Any) -> None:
+        try:
+            await ctx.call_provider(MessageRequest(model="m", messages=(UserMessage("SIDE CALL"),)), account=True)
+        except StopRun:
+            self.outcomes.append("let through")
+            raise
+        except Exception as exc:  # noqa: BLE001
+            self.outcomes.append(f"own failure: {type(exc).__name__}")
+
+
+async def test_a_plugin_that_lets_stoprun_through_passes_the_cut_on_unchanged() -> None:
+    model = Counting()
+    side = CarefulCaller("PreTurn")
+    agent = Agent(ScriptedProvider([model], repeat_last=True, stream_delay=0.005, chunk_chars=5),
+                  store=MemoryStore(), middleware=[side], observers=[model.observe], control_poll=0.05)
+    run = asyncio.ensure_future(agent.run("go", session_id="c"))
+    await asyncio.wait_for(model.first_chunk.wait(), 30)
+    await agent.control("c", Interrupt("stop"))
+    result = await asyncio.wait_for(run, 30)
+    assert side.outcomes == ["let through"]
+    assert result.stop.reason is StopReason.INTERRUPTED and result.stop.detail == "stop (during PreTurn)"
