@@ -27,7 +27,8 @@ connection mid-flight is sent once more only if it is ``pure`` or ``idempotent``
 
 **Mapping** (details and tables in ``docs/mcp.md``):
 
-* ``inputSchema`` → :attr:`~fsm_agent.tools.Tool.parameters`, checked as a JSON Schema when the
+* ``inputSchema`` → :attr:`~fsm_agent.tools.Tool.parameters`, checked as a JSON Schema (every ``$ref``
+  resolved within it: nothing is ever fetched) when the
   toolset connects; every call's arguments are validated before they are sent, so the server never
   sees arguments that break its schema (the model gets the usual ``invalid_arguments`` result).
 * annotations → :class:`~fsm_agent.tools.ToolEffect`: ``readOnlyHint`` → ``pure``;
@@ -35,11 +36,15 @@ connection mid-flight is sent once more only if it is ``pure`` or ``idempotent``
   (``effects=`` overrides per tool; ``trust_annotations=False`` ignores the server's hints).
 * result ``isError`` → an error tool result carrying the server's content
   (:class:`~fsm_agent.errors.ToolError`, ``metadata["error"] == "mcp_tool_error"``).
-* content: text → :class:`~fsm_agent.types.TextBlock`; image → :class:`~fsm_agent.types.ImageBlock`;
+* content: text → :class:`~fsm_agent.types.TextBlock`; image → :class:`~fsm_agent.types.ImageBlock`
+  (PNG, JPEG, GIF or WebP, base64, at most 5 MB; else a text note);
   ``structuredContent`` → its JSON as text when there is no content (or always, in place of the
   text blocks, with ``prefer_structured=True``); an
   embedded text resource → its text under a ``[resource <uri>]`` line; an image blob resource → an
-  image; other blobs, audio and resource links → a one-line text note.
+  image; other blobs, audio and resource links → a one-line text note; text past
+  ``max_result_chars`` (100,000) is cut, with a note.
+* every call carries its idempotency key (the same on every resume of the call) as
+  ``_meta["fsm-agent/idempotency-key"]``.
 * progress notifications → :meth:`~fsm_agent.tools.ToolContext.report_progress` (``ToolProgress``
   events, logged as ``tool_progress``).
 * cancelling the call (a Cancel or Interrupt of the run, a timeout) cancels the MCP request: the
@@ -53,13 +58,15 @@ tool the server no longer offers answers with an error).
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import contextlib
 import hashlib
 import logging
 import re
 import shlex
 from collections.abc import Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import orjson
 
@@ -69,10 +76,11 @@ from ..types.content import ContentBlock, ImageBlock, TextBlock
 
 if TYPE_CHECKING:
     from mcp import Client
-    from mcp.types import CallToolResult
+    from mcp.types import CallToolResult, RequestParamsMeta
     from mcp.types import Tool as MCPToolSpec
 
-__all__ = ["MCPConnectionError", "MCPTool", "MCPToolset", "content_blocks", "effect_from_annotations", "mcp_tools"]
+__all__ = ["DEFAULT_MAX_RESULT_CHARS", "IDEMPOTENCY_META_KEY", "IMAGE_TYPES", "MAX_IMAGE_BYTES", "MCPConnectionError",
+           "MCPTool", "MCPToolset", "content_blocks", "effect_from_annotations", "mcp_tools"]
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +93,17 @@ _LIST_PAGES = 100
 """At most this many ``tools/list`` pages are read (a paginating server that never ends cannot hang connect)."""
 _CLOSE_WAIT = 10.0
 """Seconds :meth:`MCPToolset.close` waits for the transport to shut down before cancelling it."""
+IMAGE_TYPES = frozenset({"image/png", "image/jpeg", "image/gif", "image/webp"})
+"""The image media types an MCP result's image may have to reach the model as an image (what the
+providers' APIs take); any other becomes a text note."""
+MAX_IMAGE_BYTES = 5 * 1024 * 1024
+"""The largest image (decoded bytes) that reaches the model as an image (the smallest provider
+limit, Anthropic's 5 MB); a larger one becomes a text note."""
+DEFAULT_MAX_RESULT_CHARS = 100_000
+"""``MCPToolset(max_result_chars=)``'s default: the text of one result the model reads at most."""
+IDEMPOTENCY_META_KEY = "fsm-agent/idempotency-key"
+"""The ``_meta`` key of every ``tools/call``: the call's idempotency key (the same on every resume of
+the same call), for a server that makes repeats harmless."""
 
 
 class MCPConnectionError(ConfigurationError, ConnectionError):
@@ -182,11 +201,13 @@ def _known_closed(client: Client) -> bool:
 class _Connection:
     """One live MCP session, owned by its own task (anyio scopes must be entered and exited in one task)."""
 
-    __slots__ = ("client", "lost", "stop", "task", "tools")
+    __slots__ = ("client", "duplicates", "lost", "stop", "task", "tools")
 
     def __init__(self) -> None:
         self.client: Client | None = None
         self.tools: dict[str, MCPToolSpec] = {}
+        self.duplicates: set[str] = set()
+        """Names the server lists for two different tools."""
         self.stop = asyncio.Event()
         self.task: asyncio.Task[None] | None = None
         self.lost: str | None = None
@@ -219,6 +240,9 @@ class MCPTool(Tool):
         """The server's ``outputSchema`` (JSON Schema of ``structuredContent``), or ``None``."""
         self.call_timeout = call_timeout
         """Seconds one call may take before the MCP request is cancelled; ``None``: no limit."""
+        if not spec.name:  # with a prefix it would become a valid name ('fs_') of nothing the server can call
+            raise ToolDefinitionError(f"MCP server {toolset.name!r} lists a tool without a name; exclude it with "
+                                      "exclude=['']")
         parameters = dict(spec.input_schema)  # the SDK has checked that its root is type 'object'
         if _CONTEXT_PARAM in (parameters.get("properties") or {}):
             raise ToolDefinitionError(f"MCP tool {spec.name!r} of {toolset.name!r}: a parameter is named "
@@ -273,6 +297,9 @@ class MCPToolset:
         headers: HTTP headers for a URL server (e.g. ``Authorization``).
         client_options: more keyword arguments for ``mcp.Client`` (``mode="legacy"`` for the
             2025-11-25 handshake, ``client_info``, ``logging_callback`` ...).
+        max_result_chars: the most text characters of one result the model reads (default
+            100,000); past it the text is cut and a note says how much was left out. ``None``: no
+            limit (a server's 30 MB answer then goes into the transcript whole).
 
     Raises:
         ConfigurationError: the ``mcp`` package is missing, or an option or ``server`` is invalid.
@@ -296,6 +323,7 @@ class MCPToolset:
         reconnect: bool = True,
         headers: Mapping[str, str] | None = None,
         client_options: Mapping[str, Any] | None = None,
+        max_result_chars: int | None = DEFAULT_MAX_RESULT_CHARS,
     ) -> None:
         _require_mcp()
         self._server = self._target(server)
@@ -309,6 +337,10 @@ class MCPToolset:
                 raise ConfigurationError(f"MCPToolset: {label}= takes a list of tool names, not the string {value!r}")
         if invalid_schema not in ("raise", "exclude"):
             raise ConfigurationError(f"MCPToolset: invalid_schema must be 'raise' or 'exclude', not {invalid_schema!r}")
+        if max_result_chars is not None and (isinstance(max_result_chars, bool) or not isinstance(max_result_chars, int)
+                                             or max_result_chars < 1):
+            raise ConfigurationError(f"MCPToolset: max_result_chars must be a positive integer or None, not "
+                                     f"{max_result_chars!r}")
         for label, seconds in (("timeout", timeout), ("connect_timeout", connect_timeout)):
             if seconds is not None and not seconds > 0:
                 raise ConfigurationError(f"MCPToolset: {label} must be a positive number of seconds, not {seconds!r}")
@@ -332,6 +364,9 @@ class MCPToolset:
         self.connect_timeout = connect_timeout
         self.invalid_schema = invalid_schema
         self.prefer_structured = prefer_structured
+        self.max_result_chars = max_result_chars
+        """The most text characters of one result the model reads (the rest is cut, with a note
+        saying so); ``None``: no limit."""
         self.reconnect = reconnect
         self.headers = dict(headers or {})
         self.client_options = dict(client_options or {})
@@ -394,7 +429,7 @@ class MCPToolset:
                 return self
             conn = await self._open()
             try:
-                self._tools = self._build(conn.tools)
+                self._tools = self._build(conn.tools, conn.duplicates)
             except BaseException:
                 await self._shut(conn)
                 self._conn = None
@@ -454,7 +489,7 @@ class MCPToolset:
                     http = await stack.enter_async_context(create_mcp_http_client(headers=self.headers))
                     target = streamable_http_client(self._url, http_client=http)
                 client = await stack.enter_async_context(Client(target, **self.client_options))
-                conn.tools = await self._list(client)
+                conn.tools, conn.duplicates = await self._list(client)
                 info = client.server_info
                 if info is not None and info.name and self._server_name is None:
                     self._server_name = info.name
@@ -474,17 +509,22 @@ class MCPToolset:
             conn.client = None
 
     @staticmethod
-    async def _list(client: Client) -> dict[str, MCPToolSpec]:
+    async def _list(client: Client) -> tuple[dict[str, MCPToolSpec], set[str]]:
+        """The server's tools by name, and the names it gives two different tools (the same tool
+        listed twice, as a paginating server may, is one)."""
         tools: dict[str, MCPToolSpec] = {}
+        duplicates: set[str] = set()
         cursor: str | None = None
         for _ in range(_LIST_PAGES):
             page = await client.list_tools(cursor=cursor)
             for t in page.tools:
-                tools[t.name] = t
+                if t.name in tools and tools[t.name] != t:
+                    duplicates.add(t.name)
+                tools.setdefault(t.name, t)
             cursor = page.next_cursor
             if cursor is None:
                 break
-        return tools
+        return tools, duplicates
 
     async def _shut(self, conn: _Connection) -> None:
         """Stop the connection's task: let it close the session (up to ``_CLOSE_WAIT`` s), or cancel it
@@ -501,7 +541,7 @@ class MCPToolset:
             with contextlib.suppress(BaseException):
                 await task
 
-    def _build(self, specs: Mapping[str, MCPToolSpec]) -> tuple[MCPTool, ...]:
+    def _build(self, specs: Mapping[str, MCPToolSpec], duplicates: set[str]) -> tuple[MCPTool, ...]:
         self.excluded = {}
         for label, wanted in (("include", self.include or ()), ("effects", self._effects), ("names", self.names)):
             missing = sorted(set(wanted) - set(specs))
@@ -515,8 +555,13 @@ class MCPToolset:
                 self.excluded[remote] = "not in include="
                 continue
             if remote in self.exclude:
-                self.excluded[remote] = "in exclude="
+                self.excluded[remote] = "in exclude=" + (" (the server lists two tools of this name)"
+                                                         if remote in duplicates else "")
                 continue
+            if remote in duplicates:
+                raise ConfigurationError(f"MCP server {self.name!r} lists two different tools named {remote!r}: which "
+                                         f"one a call would reach cannot be told; pass exclude=[{remote!r}] to leave "
+                                         "both out")
             local = self.names.get(remote) or _local_name(self.prefix, remote)
             if local in by_name:
                 raise ConfigurationError(f"MCP server {self.name!r}: tools {by_name[local]!r} and {remote!r} would "
@@ -656,7 +701,8 @@ class MCPToolset:
         deadline = asyncio.timeout(tool.call_timeout)
         try:
             async with deadline:
-                return await client.call_tool(tool.remote_name, arguments, progress_callback=on_progress)
+                return await client.call_tool(tool.remote_name, arguments, progress_callback=on_progress,
+                                              meta=cast("RequestParamsMeta", {IDEMPOTENCY_META_KEY: ctx.idempotency_key}))
         except asyncio.CancelledError:
             raise
         except TimeoutError as exc:
@@ -694,7 +740,7 @@ class MCPToolset:
                          kind="mcp_connection_lost")
 
     def _result(self, tool: MCPTool, result: CallToolResult) -> Any:
-        blocks = content_blocks(result, prefer_structured=self.prefer_structured)
+        blocks = content_blocks(result, prefer_structured=self.prefer_structured, max_chars=self.max_result_chars)
         if result.is_error:
             if not blocks:
                 blocks = (TextBlock(f"MCP tool {tool.remote_name!r} reported an error without a message."),)
@@ -714,8 +760,51 @@ def _text(blocks: Sequence[ContentBlock]) -> str:
     return "\n".join(b.text for b in blocks if isinstance(b, TextBlock))
 
 
-def content_blocks(result: CallToolResult, *, prefer_structured: bool = False) -> tuple[ContentBlock, ...]:
-    """An MCP ``CallToolResult`` as fsm_agent content blocks (see the module docstring's mapping)."""
+def _image(data: str, mime: str | None, what: str) -> ContentBlock:
+    """An image the providers take (:data:`IMAGE_TYPES`, base64, at most :data:`MAX_IMAGE_BYTES`),
+    else a text note saying why it is not shown."""
+    kind = (mime or "").lower()
+    size = len(data) * 3 // 4
+    if kind not in IMAGE_TYPES:
+        why = f"its type {mime or 'is missing and'} is not one of {', '.join(sorted(IMAGE_TYPES))}"
+    elif size > MAX_IMAGE_BYTES:
+        why = f"it is larger than {MAX_IMAGE_BYTES // (1024 * 1024)} MB"
+    else:
+        try:
+            base64.b64decode(data, validate=True)
+            return ImageBlock(data=data, media_type=kind)
+        except (binascii.Error, ValueError):
+            why = "its data is not base64"
+    return TextBlock(f"[{what} {mime or '(no type)'}, about {size} bytes: not shown, {why}]")
+
+
+def _cut(blocks: list[ContentBlock], max_chars: int) -> list[ContentBlock]:
+    """The blocks with their text cut to ``max_chars`` characters in all, and a note at the end."""
+    total = sum(len(b.text) for b in blocks if isinstance(b, TextBlock))
+    if total <= max_chars:
+        return blocks
+    out: list[ContentBlock] = []
+    left = max_chars
+    for b in blocks:
+        if isinstance(b, TextBlock):
+            if left <= 0:
+                continue
+            b = TextBlock(b.text[:left]) if len(b.text) > left else b
+            left -= len(b.text)
+        out.append(b)
+    out.append(TextBlock(f"[cut: the result has {total:,} characters of text; the first {max_chars:,} are shown "
+                         "(MCPToolset max_result_chars)]"))
+    return out
+
+
+def content_blocks(result: CallToolResult, *, prefer_structured: bool = False,
+                   max_chars: int | None = None) -> tuple[ContentBlock, ...]:
+    """An MCP ``CallToolResult`` as fsm_agent content blocks (see the module docstring's mapping).
+
+    An image (or an image resource) reaches the model as an image only when its type is one of
+    :data:`IMAGE_TYPES`, its data is base64 and it is at most :data:`MAX_IMAGE_BYTES`; otherwise a
+    text note stands in its place. ``max_chars``: the most text characters in all (the rest is cut,
+    and a last text block says so); ``None``: no limit."""
     from mcp.types import (AudioContent, BlobResourceContents, EmbeddedResource, ImageContent, ResourceLink,
                            TextContent, TextResourceContents)
 
@@ -729,7 +818,7 @@ def content_blocks(result: CallToolResult, *, prefer_structured: bool = False) -
             if not use_json:
                 out.append(TextBlock(item.text))
         elif isinstance(item, ImageContent):
-            out.append(ImageBlock(data=item.data, media_type=item.mime_type))
+            out.append(_image(item.data, item.mime_type, "image"))
         elif isinstance(item, AudioContent):
             out.append(TextBlock(f"[audio {item.mime_type}, {len(item.data) * 3 // 4} bytes: not shown]"))
         elif isinstance(item, EmbeddedResource):
@@ -738,7 +827,7 @@ def content_blocks(result: CallToolResult, *, prefer_structured: bool = False) -
             if isinstance(res, TextResourceContents):
                 out.append(TextBlock(f"[resource {res.uri}{mime}]\n{res.text}"))
             elif isinstance(res, BlobResourceContents) and (res.mime_type or "").startswith("image/"):
-                out.append(ImageBlock(data=res.blob, media_type=res.mime_type))
+                out.append(_image(res.blob, res.mime_type, f"resource {res.uri}, image"))
             else:
                 out.append(TextBlock(f"[resource {res.uri}{mime}, {len(res.blob) * 3 // 4} bytes of binary data: "
                                      "not shown]"))
@@ -747,6 +836,8 @@ def content_blocks(result: CallToolResult, *, prefer_structured: bool = False) -
                      f" ({item.mime_type})" if item.mime_type else "", "]",
                      f" {item.description}" if item.description else ""]
             out.append(TextBlock("".join(parts)))
+    if max_chars is not None:
+        out = _cut(out, max_chars)
     return tuple(out)
 
 
