@@ -25,7 +25,7 @@ import signal
 import socket
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import orjson
@@ -53,7 +53,7 @@ from .types.codec import structure, unstructure
 from .types.messages import Message, SystemMessage, UserMessage
 from .types.run import RunResult, StopReason
 
-__all__ = ["Agent"]
+__all__ = ["Agent", "drain_on_signals"]
 
 
 class Agent:
@@ -109,6 +109,28 @@ class Agent:
     def middleware(self) -> tuple[Middleware, ...]:
         """The chain in its resolved order."""
         return self.chain.middleware
+
+    def derive(self, *, tools: Iterable[Tool | Any] = (), middleware: Iterable[Middleware] = (),
+               system_prompt: str | None = None) -> Agent:
+        """A new agent like this one (provider, config, store, observers, worker id, lease, control
+        poll) with ``tools`` and ``middleware`` added after its own, and ``system_prompt`` instead of
+        its own when given. This agent is not changed.
+
+        The new agent's runs count as this agent's runs in this process: :meth:`interrupt_all` and
+        :meth:`drain_on_signals` of either reach the runs of both (the orchestration patterns build
+        their agents this way, so that draining the agent you gave them drains their runs too).
+
+        Raises:
+            ChainError: the middleware cannot form a chain.
+            ConfigurationError: a tool name used twice.
+        """
+        agent = Agent(self.provider, tools=[*self.tools, *tools],
+                      system_prompt=self.system_prompt if system_prompt is None else system_prompt,
+                      middleware=[*self.middleware, *middleware], observers=self.hooks.observers, config=self.config,
+                      store=self.store, worker_id=self.worker_id, lease_ttl=self.lease_ttl,
+                      control_poll=self.control_poll)
+        agent._active = self._active
+        return agent
 
     def add_middleware(self, *middleware: Middleware) -> None:
         """Append middleware before the first run.
@@ -176,26 +198,13 @@ class Agent:
             async with agent.drain_on_signals():
                 result = await agent.run("...")
         """
-        loop = asyncio.get_running_loop()
-        installed: list[signal.Signals] = []
-
-        def on_signal(sig: signal.Signals) -> None:
-            self.interrupt_all(f"received {sig.name}")
-            loop.remove_signal_handler(sig)  # a second signal: the default behaviour
-
-        try:
-            for sig in signals:
-                loop.add_signal_handler(sig, on_signal, sig)
-                installed.append(sig)
+        async with drain_on_signals(self.interrupt_all, signals):
             yield
-        finally:
-            for sig in installed:
-                loop.remove_signal_handler(sig)
 
     def interrupt_all(self, reason: str) -> int:
         """Interrupt every run this agent drives in this process (as :meth:`drain_on_signals` does
-        on a signal): each ends INTERRUPTED, resumable, with ``reason`` in its detail. Returns how
-        many runs were interrupted."""
+        on a signal), the runs of the agents derived from it (:meth:`derive`) among them: each ends
+        INTERRUPTED, resumable, with ``reason`` in its detail. Returns how many runs were interrupted."""
         drivers = list(self._active)
         for driver in drivers:
             driver.interrupt(reason)
@@ -386,6 +395,29 @@ class Agent:
     def __repr__(self) -> str:
         return (f"Agent(provider={self.provider!r}, tools={list(self.tools.names)}, "
                 f"middleware={[m.middleware_name for m in self.chain.middleware]})")
+
+
+@contextlib.asynccontextmanager
+async def drain_on_signals(interrupt_all: Callable[[str], int],
+                           signals: Sequence[signal.Signals] = (signal.SIGTERM, signal.SIGINT)) -> AsyncIterator[None]:
+    """While the block runs, each of ``signals`` calls ``interrupt_all("received <SIGNAL>")`` once (a
+    second one gets the default behaviour). The machinery of :meth:`Agent.drain_on_signals`, for
+    anything that drives runs of several agents (a team, a handoff chain). Unix only."""
+    loop = asyncio.get_running_loop()
+    installed: list[signal.Signals] = []
+
+    def on_signal(sig: signal.Signals) -> None:
+        interrupt_all(f"received {sig.name}")
+        loop.remove_signal_handler(sig)  # a second signal: the default behaviour
+
+    try:
+        for sig in signals:
+            loop.add_signal_handler(sig, on_signal, sig)
+            installed.append(sig)
+        yield
+    finally:
+        for sig in installed:
+            loop.remove_signal_handler(sig)
 
 
 def _terminal(state: str) -> StopReason | None:

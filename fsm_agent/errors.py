@@ -51,7 +51,9 @@ Control-flow signals form their own family, outside :class:`FsmAgentError`::
 
     Signal
     ├── StopRun                        middleware asks the driver to end the run with a StopReason
-    └── WaitForHuman                   a tool's call cannot finish without a person: the run stops
+    └── SuspendCall                    a tool's call cannot finish now but can later: the run stops
+        │                              INTERRUPTED with that call pending, and a resume runs it again
+        └── WaitForHuman               a tool's call cannot finish without a person: the run stops
                                        WAITING_HUMAN with that call pending
 
 The driver never treats a signal as a failure.
@@ -106,6 +108,7 @@ __all__ = [
     "StoreError",
     "StreamError",
     "StructuredOutputError",
+    "SuspendCall",
     "ToolArgumentsError",
     "ToolDefinitionError",
     "ToolError",
@@ -537,29 +540,58 @@ class StopRun(Signal):
         self.payload = payload
 
 
-class WaitForHuman(Signal):
+class SuspendCall(Signal):
+    """Signal: raised by a tool whose call cannot finish now but can later, by running again with
+    the same idempotency key (a sub-agent that stopped in a resumable state, workers that could not
+    be driven).
+
+    The driver records no result for the call: it stays open (ledger ``started``), the other calls
+    of the batch finish and keep theirs, and the run stops INTERRUPTED with this call pending
+    (``PendingAction.reason`` is ``reason``; ``detail`` is the stop's detail). A resume runs the
+    call again (a ``pure`` or ``idempotent`` tool; a ``side_effect`` one goes through its
+    ``on_reconcile``). A person's decision on the pending call is an ordinary one: ``approve``
+    runs it again, ``reject`` and ``respond`` close it with their result.
+
+    Attributes:
+        detail: why the call cannot finish now, and what lets it finish.
+        reason: the pending action's reason code (``suspended`` unless given).
+    """
+
+    def __init__(self, detail: str, *, reason: str = "suspended") -> None:
+        super().__init__(detail)
+        self.detail = detail
+        self.reason = reason
+        self.allowed_decisions: tuple[str, ...] = ("approve", "reject", "respond")
+
+
+class WaitForHuman(SuspendCall):
     """Signal: raised by a tool whose call cannot finish without a person (a sub-agent waiting for
     an approval, a remote agent asking for input).
 
     The driver does not record a result for the call: the other calls of the batch finish and keep
     theirs, and the run stops WAITING_HUMAN with this call pending (``PendingAction.reason`` is
     ``reason``; ``detail`` is the stop's detail and ``required_decision``). The person's decision
-    is the answer to the tool's question: whatever its kind (``approve``, ``reject`` or ``respond``
-    with a message, ``edit`` with new arguments), the call runs again with the same idempotency key
-    and the decision in :attr:`fsm_agent.ToolContext.decision`; the tool returns its result or raises
-    this again. A resume without a decision also runs the call again (a ``pure`` or ``idempotent``
-    tool; a ``side_effect`` one goes through its ``on_reconcile``). Hang-Wait
+    is the answer to the tool's question: ``approve`` or ``respond`` with a message (``edit`` with
+    new arguments) runs the call again with the same idempotency key and the decision in
+    :attr:`fsm_agent.ToolContext.decision`; the tool returns its result or raises this again.
+    ``reject`` closes the call with the usual "a person rejected this tool call" result and does
+    **not** run the tool, unless it raised with ``run_on_reject=True`` (it then runs again and
+    reads the rejection, as a sub-agent tool does to pass it on to the calls its sub-agent waits
+    on). A resume without a decision runs the call again (a ``pure`` or ``idempotent`` tool; a
+    ``side_effect`` one goes through its ``on_reconcile``). Hang-Wait
     (``RunConfig.approval_timeout``) does not apply: the run stops.
 
     Attributes:
         detail: what the person must decide, in words they can act on.
         reason: the pending action's reason code (``waiting_human`` unless given).
-        allowed_decisions: the decision kinds the call accepts (default approve, reject, respond).
+        allowed_decisions: the decision kinds the call accepts (default approve, reject, respond);
+            a resume with another kind is a ``ResumeError``.
+        run_on_reject: a ``reject`` runs the tool again (with the decision) instead of closing the call.
     """
 
     def __init__(self, detail: str, *, reason: str = "waiting_human",
-                 allowed_decisions: tuple[str, ...] = ("approve", "reject", "respond")) -> None:
-        super().__init__(detail)
-        self.detail = detail
-        self.reason = reason
+                 allowed_decisions: tuple[str, ...] = ("approve", "reject", "respond"),
+                 run_on_reject: bool = False) -> None:
+        super().__init__(detail, reason=reason)
         self.allowed_decisions = tuple(allowed_decisions)
+        self.run_on_reject = run_on_reject

@@ -48,7 +48,15 @@ import orjson
 from attrs import evolve
 
 from ..chain import MiddlewareChain
-from ..errors import ContextLengthExceededError, LeaseLost, MiddlewareError, ProviderError, StopRun, StoreError
+from ..errors import (
+    ContextLengthExceededError,
+    LeaseLost,
+    MiddlewareError,
+    ProviderError,
+    StopRun,
+    StoreError,
+    WaitForHuman,
+)
 from ..hooks import HookBus
 from ..middleware import Complete, Continue
 from ..providers.base import Provider, call_deadline, retry_listener
@@ -577,8 +585,11 @@ class Driver:
         pending = await self._close_open_calls(keep_unstarted=True)
         if pending:
             resumed = [c.name for c in pending if c.id in cut]
+            closed = [c.name for c in self.run_state.pending_calls if c.id in cut and c not in pending]
             how = (f"{', '.join(resumed)} left open, to continue on resume" if resumed
                    else "before the tool calls started")
+            if closed:
+                how += f"; {', '.join(closed)} closed, outcome unknown"
             return Stop(StopReason.INTERRUPTED, f"{text} ({how})",
                         {"pending_actions": tuple(PendingAction(c, "interrupted") for c in pending),
                          "last_safe_point": Phase.MID_TURN.value})
@@ -616,10 +627,13 @@ class Driver:
     async def _close_open_calls(self, *, keep_unstarted: bool) -> list[ToolUseBlock]:
         """After MidTurn stopped early, give every open tool call its result: what it returned if it
         ran, "outcome unknown" if it was in flight (or left open in flight by an earlier interrupt),
-        "not run" if it never started. With ``keep_unstarted`` (an interrupt) the calls stay pending
-        (returned) to run on resume when none had started, or when every call cut in flight is of a
-        ``resumable`` tool (those run again with the same idempotency key; the ones that finished keep
-        their results in the ledger)."""
+        "not run" if it never started.
+
+        With ``keep_unstarted`` (an interrupt), calls may stay open instead, to run on resume: every
+        call when none had started; else each call cut in flight whose tool is ``resumable`` (it runs
+        again with the same idempotency key), while the other calls cut in flight are closed
+        "outcome unknown" and the finished ones keep their results, for the resumed turn. Returns
+        the calls left open (the turn stays pending), or ``[]`` when every call was closed."""
         run = self.run_state
         if not run.pending_calls or (self.ctx.machine.state is not Phase.MID_TURN and not self._answered_with_calls()):
             return []
@@ -634,11 +648,13 @@ class Driver:
         if keep_unstarted and not any(c.id in mt.started_ids or c.id in mt.settled for c in open_calls):
             return open_calls
         cut = [c for c in open_calls if c.id in mt.started_ids and c.id not in mt.settled]
-        if keep_unstarted and cut and all(getattr(self.ctx.tools.get(c.name), "resumable", False) for c in cut):
-            # every call cut in flight continues on resume; the finished ones keep their results
-            run.decided_results = dict(mt.settled)
-            return open_calls
+        resumable = {c.id for c in cut if getattr(self.ctx.tools.get(c.name), "resumable", False)}
+        keep = keep_unstarted and bool(resumable)
+        # each call cut in flight of a resumable tool continues on resume; the rest get their results
+        results: dict[str, ToolResultMessage] = {}
         for c in open_calls:
+            if keep and c.id in resumable:
+                continue
             res = mt.settled.get(c.id)
             if res is None:
                 entry = self.ledger.get(c.id)
@@ -651,30 +667,41 @@ class Driver:
                     res = ToolResultMessage(c.id, "The run stopped before this tool call started; it did not run.",
                                             is_error=True, name=c.name, metadata={"synthetic": "not_run"})
                     await mt.ledger(c, LedgerStatus.NOT_RUN, res, durable=False)
-            self._append(res)
+            results[c.id] = res
+        if keep:
+            # the turn stays open: the closed calls keep their results for the resumed MidTurn
+            run.decided_results = {**run.decided_results, **results}
+            return [c for c in open_calls if c.id in resumable]
+        for c in open_calls:
+            self._append(results[c.id])
         run.pending_calls = []
         run.decided_results = {}
         return []
 
     async def _cancel(self, reason: str, note: str = "") -> Outcome:
         """Cancel: compensate side effects that happened (or may have: calls cut in flight), or ask a
-        person to confirm them first."""
+        person to confirm them first. A compensation hook may ask for that confirmation too (it
+        raises :class:`WaitForHuman`: a sub-agent whose own cancel waits for a person); once the
+        person confirmed, each hook runs again with ``ToolContext.decision`` ``approve``."""
         run = self.run_state
-        unconfirmed = []
+        unconfirmed: list[tuple[LedgerEntry, str]] = []
         for entry in list(self.ledger.values()):
             if entry.status not in (LedgerStatus.COMPLETED, LedgerStatus.INTERRUPTED, LedgerStatus.STARTED):
                 continue
             side_effect = entry.effect == ToolEffect.SIDE_EFFECT.value
             if not side_effect and not self.midturn.compensable(entry):
                 continue
-            if await self.midturn.compensate(entry):
+            try:
+                if await self.midturn.compensate(entry, confirmed=run.cancel_confirmed):
+                    continue
+            except WaitForHuman as wait:
+                unconfirmed.append((entry, wait.detail))
                 continue
             if side_effect and not run.cancel_confirmed:
-                unconfirmed.append(entry)
+                unconfirmed.append((entry, "" if entry.status is LedgerStatus.COMPLETED else
+                                    "outcome unknown: it was cut while running"))
         if unconfirmed and self.ctx.machine.can_fire(Trigger.WAIT_HUMAN) and self.journal is not None:
-            names = ", ".join(f"{e.tool}({e.call_id})" + ("" if e.status is LedgerStatus.COMPLETED else
-                                                          ", outcome unknown: it was cut while running")
-                              for e in unconfirmed)
+            names = ", ".join(f"{e.tool}({e.call_id})" + (f", {why}" if why else "") for e, why in unconfirmed)
             await self.journal.store.push_control(ControlRecord(self.ctx.session_id, ControlKind.CANCEL, reason))
             return Stop(StopReason.WAITING_HUMAN,
                         f"cancel requested, but these side effects happened (or may have) and have no "

@@ -17,14 +17,16 @@ effects) before any of them starts, then run in parallel inside the composed ``w
 chain; each result is written (``completed`` / ``failed``) as it arrives. When one call's chain
 raises (``StopRun``, a fail-closed middleware), the other calls are cancelled and the driver
 closes every open call (see :meth:`~fsm_agent.machine.driver.Driver._close_open_calls`). A call
-whose tool raises :class:`~fsm_agent.errors.WaitForHuman` gets no result: the others finish, and
-the run stops WAITING_HUMAN with that call pending (its ledger entry stays ``started``).
+whose tool raises :class:`~fsm_agent.errors.SuspendCall` gets no result: the others finish, and
+the run stops with that call pending (its ledger entry stays ``started``): WAITING_HUMAN when a
+tool raised :class:`~fsm_agent.errors.WaitForHuman`, else INTERRUPTED.
 """
 
 from __future__ import annotations
 
 import asyncio
 import inspect
+import logging
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -32,7 +34,7 @@ import orjson
 from attrs import evolve
 
 from ..control import Decision
-from ..errors import ToolArgumentsError, WaitForHuman
+from ..errors import SuspendCall, ToolArgumentsError, WaitForHuman
 from ..middleware import AskApproval, Deny, Edit, Respond
 from ..store.base import ControlKind, LedgerEntry, LedgerStatus
 from ..tools.execution import execute_tool_call, idempotency_key, result_blocks
@@ -49,11 +51,17 @@ from .phases import Phase, Trigger
 if TYPE_CHECKING:
     from .driver import Driver
 
-__all__ = ["WAITING_CALLS", "MidTurn"]
+log = logging.getLogger("fsm_agent.driver")
+
+__all__ = ["RUN_ON_REJECT", "WAITING_CALLS", "MidTurn"]
 
 WAITING_CALLS = "waiting_calls"
 """``RunState.metadata`` key: ids of the calls whose tool raised :class:`WaitForHuman` and wait for a
-person's decision (a decision on one of them runs it again, whatever its kind)."""
+person's decision (a decision on one of them runs it again with the decision; a ``reject`` only
+when the call is in :data:`RUN_ON_REJECT`)."""
+RUN_ON_REJECT = "waiting_calls_run_on_reject"
+"""``RunState.metadata`` key: the :data:`WAITING_CALLS` whose tool raised ``WaitForHuman(...,
+run_on_reject=True)``: a ``reject`` runs them again too, instead of closing them."""
 
 
 class MidTurn:
@@ -68,8 +76,9 @@ class MidTurn:
         """Every result known in this MidTurn (run, denied, answered, decided), by call id."""
         self.done: set[str] = set()
         """Calls that ran to a result in this MidTurn."""
-        self.suspended: dict[str, WaitForHuman] = {}
-        """Calls whose tool raised :class:`WaitForHuman` in this MidTurn (no result), by call id."""
+        self.suspended: dict[str, SuspendCall] = {}
+        """Calls whose tool raised :class:`SuspendCall` (or :class:`WaitForHuman`) in this MidTurn (no
+        result), by call id."""
         self.sink = _RunSink(driver)
         """Where the tools' progress and usage reports go (the run's log, usage and observers)."""
 
@@ -97,9 +106,9 @@ class MidTurn:
         j.record("tool_call", {"call_id": call.id, "tool": call.name, "status": status.value}, run.turn)
         await j.ledger(entry, durable=effect is not ToolEffect.PURE if durable is None else durable)
 
-    def _tool_context(self, call_id: str, name: str, turn: int) -> ToolContext:
+    def _tool_context(self, call_id: str, name: str, turn: int, decision: Decision | None = None) -> ToolContext:
         sid = self.d.ctx.session_id
-        return ToolContext(call_id, idempotency_key(sid, call_id), sid, turn, name, self.sink)
+        return ToolContext(call_id, idempotency_key(sid, call_id), sid, turn, name, self.sink, decision)
 
     async def _reconcile(self, call: ToolUseBlock) -> Any:
         """A side-effect call found started but unfinished: ask its tool what happened."""
@@ -118,17 +127,29 @@ class MidTurn:
         tool = self.d.ctx.tools.get(entry.tool)
         return tool is not None and tool.compensate is not None
 
-    async def compensate(self, entry: LedgerEntry) -> bool:
+    async def compensate(self, entry: LedgerEntry, *, confirmed: bool = False) -> bool:
         """Run the tool's ``on_compensate`` for a call that happened (or may have); ``True`` when it was
         compensated (the ledger then says ``rejected``), ``False`` without a hook or when the hook
-        returned ``False`` (nothing undone: the entry stays as it was)."""
+        returned ``False`` (nothing undone: the entry stays as it was). ``confirmed``: a person
+        confirmed the cancel (the hook's ``ToolContext.decision`` is then ``approve``).
+
+        Raises:
+            WaitForHuman: the hook cannot undo the call before a person confirms the cancel (a
+                sub-agent's cancel waits for its own confirmation); never when ``confirmed``.
+        """
         d = self.d
         tool = d.ctx.tools.get(entry.tool)
         if tool is None or tool.compensate is None:
             return False
-        out = tool.compensate(entry.arguments, entry.result, self._tool_context(entry.call_id, entry.tool, entry.turn))
-        if inspect.isawaitable(out):
-            out = await out
+        ctx = self._tool_context(entry.call_id, entry.tool, entry.turn, Decision.approve() if confirmed else None)
+        try:
+            out = tool.compensate(entry.arguments, entry.result, ctx)
+            if inspect.isawaitable(out):
+                out = await out
+        except WaitForHuman:
+            if not confirmed:
+                raise
+            out = False  # asked again after the person confirmed: nothing more can be done
         if out is False:
             return False
         compensated = evolve(entry, status=LedgerStatus.REJECTED, updated_at=time.time())
@@ -179,6 +200,7 @@ class MidTurn:
         pending: list[PendingAction] = []
         approved: dict[str, Decision] = {}  # a person's decisions whose calls have not run yet
         waiting_ids = set(run.metadata.get(WAITING_CALLS) or ())  # calls whose tool raised WaitForHuman
+        run_on_reject = set(run.metadata.get(RUN_ON_REJECT) or ())
         for call in calls:
             if call.id in results:
                 continue
@@ -203,7 +225,8 @@ class MidTurn:
                 to_run.append(call)  # pure / idempotent: running again is safe (same idempotency key)
                 continue
             decision = run.decisions.pop(call.id, None)
-            if decision is not None and call.id in waiting_ids:
+            if decision is not None and call.id in waiting_ids and (
+                    decision.kind != "reject" or call.id in run_on_reject):
                 # the answer to the tool's own question: the tool runs again and reads it (ToolContext.decision)
                 again: ToolUseBlock | None = call
                 if decision.kind == "edit":
@@ -263,14 +286,8 @@ class MidTurn:
         if to_run:
             await self._execute(to_run, results, approved)
         if self.suspended:
-            # the other calls have their results (in the ledger too); these wait for a person
-            run.metadata[WAITING_CALLS] = sorted(self.suspended)
-            run.decided_results = dict(results)
-            waiting = [(c, self.suspended[c.id]) for c in calls if c.id in self.suspended]
-            return Stop(StopReason.WAITING_HUMAN, "; ".join(f"{c.name}({c.id}): {w.detail}" for c, w in waiting),
-                        {"pending_actions": tuple(PendingAction(c, w.reason, w.allowed_decisions) for c, w in waiting),
-                         "required_decision": "; ".join(w.detail for _, w in waiting),
-                         "last_safe_point": Phase.MID_TURN.value})
+            # the other calls have their results (in the ledger too); these stay open
+            return self._suspended_stop(calls, results)
         announce = d.bus.wants(ToolFinished)
         for call in calls:
             res = results[call.id]
@@ -280,7 +297,27 @@ class MidTurn:
         run.pending_calls = []
         run.decided_results = {}
         run.metadata.pop(WAITING_CALLS, None)
+        run.metadata.pop(RUN_ON_REJECT, None)
         return Move(Trigger.TOOLS_DONE, f"{len(calls)} tool result(s) recorded")
+
+    def _suspended_stop(self, calls: list[ToolUseBlock], results: dict[str, ToolResultMessage]) -> Stop:
+        """The stop of a MidTurn in which tools raised :class:`SuspendCall`: WAITING_HUMAN when one of
+        them waits for a person (:class:`WaitForHuman`), else INTERRUPTED; those calls pending."""
+        run = self.d.run_state
+        human = sorted(cid for cid, w in self.suspended.items() if isinstance(w, WaitForHuman))
+        run.metadata[WAITING_CALLS] = human
+        run.metadata[RUN_ON_REJECT] = sorted(cid for cid, w in self.suspended.items()
+                                             if isinstance(w, WaitForHuman) and w.run_on_reject)
+        run.decided_results = dict(results)
+        waiting = [(c, self.suspended[c.id]) for c in calls if c.id in self.suspended]
+        payload: dict[str, Any] = {
+            "pending_actions": tuple(PendingAction(c, w.reason, w.allowed_decisions) for c, w in waiting),
+            "last_safe_point": Phase.MID_TURN.value}
+        detail = "; ".join(f"{c.name}({c.id}): {w.detail}" for c, w in waiting)
+        if human:
+            payload["required_decision"] = "; ".join(w.detail for _, w in waiting if isinstance(w, WaitForHuman))
+            return Stop(StopReason.WAITING_HUMAN, detail, payload)
+        return Stop(StopReason.INTERRUPTED, f"{detail} (left open, to run again on resume)", payload)
 
     async def _policy(self, call: ToolUseBlock
                       ) -> tuple[ToolUseBlock, ToolResultMessage | None, LedgerStatus, AskApproval | None]:
@@ -345,7 +382,7 @@ class MidTurn:
 
     async def _run_tool(self, call: ToolUseBlock, decision: Decision | None = None) -> ToolResultMessage | None:
         """Run one call through the chain and record its result; ``None`` when its tool raised
-        :class:`WaitForHuman` (nothing recorded: its ledger entry stays ``started``)."""
+        :class:`SuspendCall` (nothing recorded: its ledger entry stays ``started``)."""
         d = self.d
         ctx, run = d.ctx, d.run_state
         run.tool_calls_made += 1
@@ -361,7 +398,7 @@ class MidTurn:
 
         try:
             result = await d.chain.tool_call(call, ctx, execute)
-        except WaitForHuman as wait:
+        except SuspendCall as wait:
             self.suspended[call.id] = wait
             return None
         await self.ledger(call, LedgerStatus.FAILED if result.is_error else LedgerStatus.COMPLETED, result)
@@ -387,13 +424,23 @@ class _RunSink:
 
     def _deliver(self, event: ToolProgress | UsageRolledUp) -> None:
         d = self.d
+        if d.journal is not None:
+            d.journal.record(event.TAG, unstructure(event), event.turn)
         if isinstance(event, UsageRolledUp):
             run = d.run_state
             run.usage = run.usage + event.usage
             if run.cost_usd is not None:
                 run.cost_usd = None if event.cost_usd is None else run.cost_usd + event.cost_usd
-        if d.journal is not None:
-            d.journal.record(event.TAG, unstructure(event), event.turn)
+                if run.cost_usd is None and run.config.max_cost_usd is not None:
+                    who = f"session {event.child_session_id}" if event.child_session_id else f"call {event.call_id}"
+                    note = (f"the cost budget (${run.config.max_cost_usd:g}) cannot be enforced from now on: the "
+                            f"cost of {who} (tool {event.tool!r}) is unknown (a model without a known price; "
+                            "fsm_agent.pricing.register_price adds one); the other budgets still apply")
+                    log.warning("session %s: %s", d.ctx.session_id, note)
+                    if d.journal is not None:
+                        d.journal.record("warning", {"kind": "cost_unknown", "tool": event.tool,
+                                                     "child_session_id": event.child_session_id, "message": note},
+                                         event.turn)
         if d.bus.wants(type(event)):
             task = asyncio.ensure_future(d.bus.emit(event))
             self.tasks.add(task)
@@ -422,6 +469,16 @@ class _RunSink:
     def usage(self, ctx: ToolContext, usage: Usage, cost_usd: float | None, child_session_id: str | None) -> None:
         self._hand_over(UsageRolledUp(ctx.session_id, ctx.turn, ctx.call_id, ctx.tool_name, usage, cost_usd,
                                       child_session_id))
+
+    def budget_left(self) -> dict[str, float]:
+        run = self.d.run_state
+        cfg = run.config
+        left: dict[str, float] = {}
+        if cfg.max_tokens is not None:
+            left["max_tokens"] = cfg.max_tokens - run.usage.total_tokens
+        if cfg.max_cost_usd is not None and run.cost_usd is not None:
+            left["max_cost_usd"] = cfg.max_cost_usd - run.cost_usd
+        return left
 
 
 def _decision_of(text: str) -> tuple[str, Decision] | None:

@@ -23,7 +23,7 @@ import attrs
 import orjson
 
 from ..control import Decision
-from ..errors import ToolArgumentsError, ToolError, WaitForHuman
+from ..errors import SuspendCall, ToolArgumentsError, ToolError
 from ..types.codec import unstructure
 from ..types.content import ContentBlock, ImageBlock, TextBlock, ToolUseBlock
 from ..types.messages import ToolResultMessage
@@ -70,7 +70,8 @@ async def execute_tool_call(
     decision: Decision | None = None,
 ) -> ToolResultMessage:
     """Run one call and return its result; never raises except on cancellation and
-    :class:`~fsm_agent.errors.WaitForHuman` (the tool's call waits for a person: no result).
+    :class:`~fsm_agent.errors.SuspendCall` (the call stays open: no result; its subclass
+    :class:`~fsm_agent.errors.WaitForHuman`: the call waits for a person).
 
     A tool that raises :class:`~fsm_agent.errors.ToolError` answers with an error result of its
     own content; any other exception becomes ``Tool 'x' failed: <type>: <message>``.
@@ -109,7 +110,7 @@ async def execute_tool_call(
                 value = await coro
     except TimeoutError:
         return _error(call, f"Tool {call.name!r} timed out after {limit:g} s.", "timeout")
-    except (asyncio.CancelledError, WaitForHuman):
+    except (asyncio.CancelledError, SuspendCall):
         raise
     except ToolError as exc:  # the tool's own error answer, not a crash
         return ToolResultMessage(call.id, exc.content or exc.message, is_error=True, name=call.name,

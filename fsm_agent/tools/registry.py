@@ -66,12 +66,15 @@ class ToolEffect(str, enum.Enum):
 
 
 class ToolSink(Protocol):
-    """Where a running tool's reports go (the driver gives one; see :class:`ToolContext`). Both
-    methods may be called from any thread, and never raise."""
+    """Where a running tool's reports go (the driver gives one; see :class:`ToolContext`).
+    ``progress`` and ``usage`` may be called from any thread; ``budget_left`` from the run's event
+    loop. None of them raises."""
 
     def progress(self, ctx: ToolContext, progress: float, total: float | None, message: str | None) -> None: ...
 
     def usage(self, ctx: ToolContext, usage: Usage, cost_usd: float | None, child_session_id: str | None) -> None: ...
+
+    def budget_left(self) -> dict[str, float]: ...
 
 
 @frozen
@@ -106,6 +109,13 @@ class ToolContext:
         Thread-safe; never raises."""
         if self.sink is not None:
             self.sink.usage(self, usage, cost_usd, child_session_id)
+
+    def budget_left(self) -> dict[str, float]:
+        """What is left of the run's token and cost budgets now, as :class:`~fsm_agent.RunConfig`
+        fields: ``{"max_tokens": tokens, "max_cost_usd": USD}``, each only when the run has that
+        budget (and, for cost, when its cost so far is known); may be zero or negative when the
+        budget is used up. Empty outside a run. Call it from the run's event loop (an async tool)."""
+        return self.sink.budget_left() if self.sink is not None else {}
 
 
 _DOC_ARGS = re.compile(r"^\s*(Args|Arguments|Parameters|Params)\s*:\s*$", re.I)
@@ -261,7 +271,7 @@ class Tool:
         same idempotency key, and the tool carries on with the work it had begun (a sub-agent resumes
         its session). For tools whose second run continues the first, never repeats it: ``idempotent``
         ones, or ``side_effect`` ones with an ``on_reconcile`` hook. A Cancel still closes the call."""
-        self.name = name or fn.__name__
+        self.name = fn.__name__ if name is None else name
         if not _NAME.match(self.name):
             raise ToolDefinitionError(f"tool name {self.name!r} must match {_NAME.pattern}")
         summary, param_docs = parse_docstring(fn.__doc__)

@@ -17,7 +17,7 @@ import pytest
 
 from fsm_agent import Agent, Decision, ScriptedProvider, StopReason, ToolContext, tool
 from fsm_agent.control import Cancel, Interrupt
-from fsm_agent.errors import WaitForHuman
+from fsm_agent.errors import SuspendCall, WaitForHuman
 from fsm_agent.providers import tool_call_response
 from fsm_agent.store import LedgerStatus, MemoryStore
 
@@ -66,7 +66,7 @@ async def test_an_interrupted_resumable_call_runs_again_with_the_same_key_on_res
     stopped = await run
     assert stopped.stop.reason is StopReason.INTERRUPTED
     assert "long_job left open, to continue on resume" in stopped.stop.detail
-    assert [p.call.name for p in stopped.stop.pending_actions] == ["long_job", "quick"]
+    assert [p.call.name for p in stopped.stop.pending_actions] == ["long_job"]  # quick has its result
     ledger = await store.ledger("s")
     assert {e.tool: e.status for e in ledger.values()} == {"long_job": LedgerStatus.STARTED,
                                                             "quick": LedgerStatus.COMPLETED}
@@ -79,33 +79,48 @@ async def test_an_interrupted_resumable_call_runs_again_with_the_same_key_on_res
     assert [m.text for m in done.messages if m.role == "tool"] == ["j done", "2"]
 
 
-async def test_a_call_cut_in_flight_is_closed_when_one_of_them_is_not_resumable() -> None:
+async def test_an_interrupt_leaves_open_only_the_resumable_calls_of_a_mixed_batch() -> None:
+    """Review finding 4: one non-resumable call in the batch made the interrupt close every call,
+    a resumable one too (its work was then started again under a new call)."""
     gate = asyncio.Event()
-    started: list[str] = []
+    runs: list[str] = []
+    keys: list[str] = []
 
     @tool(effect="idempotent", resumable=True)
     async def resumable_job(ctx: ToolContext) -> str:
         """Resumable."""
-        started.append("r")
+        runs.append("r")
+        keys.append(ctx.idempotency_key)
         await gate.wait()
-        return "r"
+        return "r done"
 
     @tool(effect="idempotent")
     async def plain_job() -> str:
         """Not resumable."""
-        started.append("p")
+        runs.append("p")
         await gate.wait()
-        return "p"
+        return "p done"
 
     store = MemoryStore()
     agent = _agent([tool_call_response(("resumable_job", {}), ("plain_job", {})), "ok"],
                    [resumable_job, plain_job], store)
     run = asyncio.ensure_future(agent.run("go", session_id="s"))
-    await _wait_for(lambda: len(started) == 2)
+    await _wait_for(lambda: len(runs) == 2)
     await agent.control("s", Interrupt())
     stopped = await run
-    assert stopped.stop.reason is StopReason.INTERRUPTED and not stopped.stop.pending_actions
-    assert {e.status for e in (await store.ledger("s")).values()} == {LedgerStatus.INTERRUPTED}
+    assert stopped.stop.reason is StopReason.INTERRUPTED
+    assert "resumable_job left open, to continue on resume; plain_job closed, outcome unknown" in stopped.stop.detail
+    assert [p.call.name for p in stopped.stop.pending_actions] == ["resumable_job"]
+    assert {e.tool: e.status for e in (await store.ledger("s")).values()} == {
+        "resumable_job": LedgerStatus.STARTED, "plain_job": LedgerStatus.INTERRUPTED}
+
+    gate.set()
+    done = await agent.resume("s")
+    assert done.stop.reason is StopReason.COMPLETED
+    assert runs == ["r", "p", "r"] and keys[0] == keys[1]  # only the resumable call ran again, with its key
+    results = {m.name: m for m in done.messages if m.role == "tool"}
+    assert results["resumable_job"].text == "r done"
+    assert results["plain_job"].is_error and "outcome is unknown" in results["plain_job"].text
 
 
 async def test_a_tool_waiting_for_a_person_stops_the_run_and_gets_the_decision_on_resume() -> None:
@@ -147,7 +162,11 @@ async def test_a_tool_waiting_for_a_person_stops_the_run_and_gets_the_decision_o
     assert [m.text for m in done.messages if m.role == "tool"] == ["boss says yes to raise?", "7"]
 
 
-async def test_every_kind_of_decision_reaches_the_waiting_tool() -> None:
+@pytest.mark.parametrize("decision", [Decision.approve(), Decision.respond("use the blue one"),
+                                      Decision.reject("not today")])
+async def test_every_kind_of_decision_but_reject_reaches_the_waiting_tool(decision: Decision) -> None:
+    """A reject closes the waiting call without running the tool again (a tool that only asked
+    "may I?" and ignores the decision would otherwise do it anyway: review nit)."""
     seen: list[Decision | None] = []
 
     @tool(effect="idempotent")
@@ -162,10 +181,71 @@ async def test_every_kind_of_decision_reaches_the_waiting_tool() -> None:
     agent = _agent([tool_call_response(("ask", {})), "gave up"], [ask], store)
     first = await agent.run("go", session_id="s")
     call_id = first.stop.pending_actions[0].call.id
-    done = await agent.resume("s", decisions={call_id: Decision.reject("not today")})
-    assert done.stop.reason is StopReason.COMPLETED and seen == [None, Decision.reject("not today")]
-    assert [m.text for m in done.messages if m.role == "tool"] == ["the person said reject: not today"]
+    done = await agent.resume("s", decisions={call_id: decision})
+    assert done.stop.reason is StopReason.COMPLETED
+    (result,) = [m for m in done.messages if m.role == "tool"]
+    if decision.kind == "reject":
+        assert seen == [None]  # not run again
+        assert result.is_error and result.text == "A person rejected this tool call: not today"
+        assert (await store.ledger("s"))[call_id].status is LedgerStatus.REJECTED
+    else:
+        assert seen == [None, decision]
+        assert result.text == f"the person said {decision.kind}: {decision.message}"
     assert "waiting_calls" not in (await store.latest_checkpoint("s")).data["metadata"]
+
+
+async def test_a_reject_reaches_a_waiting_tool_that_opts_in() -> None:
+    seen: list[Decision | None] = []
+
+    @tool(effect="idempotent")
+    async def ask(ctx: ToolContext) -> str:
+        """Passes the person's answer on."""
+        seen.append(ctx.decision)
+        if ctx.decision is None:
+            raise WaitForHuman("a person must decide", run_on_reject=True)
+        return f"passed on: {ctx.decision.kind}"
+
+    store = MemoryStore()
+    agent = _agent([tool_call_response(("ask", {})), "ok"], [ask], store)
+    first = await agent.run("go", session_id="s")
+    call_id = first.stop.pending_actions[0].call.id
+    done = await agent.resume("s", decisions={call_id: Decision.reject("no")})
+    assert seen == [None, Decision.reject("no")]
+    assert [m.text for m in done.messages if m.role == "tool"] == ["passed on: reject"]
+
+
+async def test_a_suspended_call_stops_the_run_interrupted_and_runs_again_on_resume() -> None:
+    runs: list[str] = []
+    others: list[int] = []
+
+    @tool(effect="idempotent")
+    async def remote(ctx: ToolContext) -> str:
+        """Cannot finish before something else happened."""
+        runs.append(ctx.idempotency_key)
+        if len(runs) == 1:
+            raise SuspendCall("the remote side stopped; resume to continue it", reason="remote_paused")
+        return "finished"
+
+    @tool
+    def count(n: int) -> int:
+        """Count."""
+        others.append(n)
+        return n
+
+    store = MemoryStore()
+    agent = _agent([tool_call_response(("remote", {}), ("count", {"n": 3})), "done"], [remote, count], store)
+    first = await agent.run("go", session_id="s")
+    assert first.stop.reason is StopReason.INTERRUPTED and first.stop.resumable
+    (pending,) = first.stop.pending_actions
+    assert (pending.call.name, pending.reason) == ("remote", "remote_paused")
+    assert "the remote side stopped; resume to continue it (left open, to run again on resume)" in first.stop.detail
+    assert {e.tool: e.status for e in (await store.ledger("s")).values()} == {
+        "remote": LedgerStatus.STARTED, "count": LedgerStatus.COMPLETED}
+
+    done = await agent.resume("s")
+    assert done.stop.reason is StopReason.COMPLETED
+    assert len(runs) == 2 and runs[0] == runs[1] and others == [3]
+    assert [m.text for m in done.messages if m.role == "tool"] == ["finished", "3"]
 
 
 @pytest.mark.parametrize("hook_result", [None, False])
@@ -256,3 +336,46 @@ async def test_a_call_left_open_by_an_interrupt_is_closed_and_compensated_by_a_l
     (entry,) = (await store.ledger("s")).values()
     assert entry.status is LedgerStatus.REJECTED  # compensated
     assert compensated and "outcome is unknown" in compensated[0]["content"][0]["text"]
+
+
+async def test_a_compensation_hook_may_ask_for_the_confirmation_of_the_cancel() -> None:
+    """A hook that cannot undo its call before a person confirms (a sub-agent whose own cancel waits
+    for one) raises WaitForHuman: the run stops WAITING_HUMAN confirm_cancel naming it, and the
+    person's confirmation reaches the hook (``ctx.decision`` approve)."""
+    seen: list[Decision | None] = []
+    gate = asyncio.Event()
+    waiting = asyncio.Event()
+
+    @tool(effect="idempotent")
+    def delegate(what: str) -> str:
+        """Delegate."""
+        return f"delegated {what}"
+
+    @delegate.on_compensate
+    def _undo(arguments: dict[str, Any], result: Any, ctx: ToolContext) -> bool:
+        seen.append(ctx.decision)
+        if ctx.decision is None:
+            raise WaitForHuman("the helper's cancel waits for a person: send(bob) cannot be undone")
+        return True
+
+    @tool
+    async def wait() -> str:
+        """Wait."""
+        waiting.set()
+        await gate.wait()
+        return "x"
+
+    store = MemoryStore()
+    agent = _agent([tool_call_response(("delegate", {"what": "mail"})), tool_call_response(("wait", {})), "no"],
+                   [delegate, wait], store)
+    run = asyncio.ensure_future(agent.run("go", session_id="s"))
+    await asyncio.wait_for(waiting.wait(), 5)
+    await agent.control("s", Cancel("stop"))
+    first = await run
+    assert first.stop.reason is StopReason.WAITING_HUMAN and first.stop.required_decision == "confirm_cancel"
+    assert "delegate(" in first.stop.detail and "send(bob) cannot be undone" in first.stop.detail
+    done = await agent.resume("s", confirm_cancel=True)
+    assert done.stop.reason is StopReason.CANCELLED
+    assert seen == [None, Decision.approve()]
+    entry = next(e for e in (await store.ledger("s")).values() if e.tool == "delegate")
+    assert entry.status is LedgerStatus.REJECTED
