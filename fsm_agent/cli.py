@@ -713,6 +713,11 @@ async def _sessions(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
                "messages": len(loaded.transcript), "plan": unstructure(plan) if plan is not None else None,
                "parent": unstructure(parent) if parent is not None else None,
                "children": [unstructure(c) for c in children]}
+        if children:  # linked sessions (fsm_agent.orchestration): the whole tree below, as the text shows it
+            from .orchestration.links import session_tree
+            from .orchestration.show import tree_data
+
+            doc["tree"] = tree_data(await session_tree(store, rec.session_id))
         if args.json:
             out.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode() + "\n")
             return 0
@@ -730,7 +735,7 @@ async def _sessions(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         if plan is not None:
             out.write("\n".join(plan.describe()) + "\n")
         if parent is not None or children:  # linked sessions (fsm_agent.orchestration): parent, then the tree below
-            from .orchestration.links import link_lines
+            from .orchestration.show import link_lines
 
             out.write("\n".join(await link_lines(store, rec.session_id)) + "\n")
         return 0

@@ -9,9 +9,11 @@ over in a session of its own.
 **The package** (:class:`RecoveryPackage`): ``goal`` (what the task is now), ``verified_facts``
 (what is known for sure), ``open_actions`` (what is left to do) and a short ``summary``. The
 agent hands over by calling the tool ``handoff_to_<name>`` with the package as its arguments; the
-tool's JSON Schema (:data:`PACKAGE_SCHEMA`) checks it, then its content (no blank goal or summary):
-a bad package is an error tool result the model reads and can fix (``invalid_arguments`` or
-``invalid_handoff``), and nothing is handed over.
+tool's JSON Schema (:data:`PACKAGE_SCHEMA`) checks it, then its content (no goal, summary, fact or
+action without a visible character): a bad package is an error tool result the model reads and can
+fix (``invalid_arguments`` or ``invalid_handoff``), and nothing is handed over. Every text of the
+package is kept as one printable line (no control or invisible character, no line breaks), so a
+fact cannot forge another section of the successor's message.
 
 **The boundary**: the successor runs in its own session, linked ``handoff`` to the predecessor's
 session and call (the link's metadata keeps the package), seeded with its own system prompt and
@@ -26,9 +28,11 @@ under the first one, which is the chain's handle:
 
 * its stop is the chain's: COMPLETED when the last agent completed (detail ``handed off to
   '<name>' (session <id>): it completed``); WAITING_HUMAN when the last agent waits for a person
-  (the decision given to the first session travels down the chain); CANCELLED / INTERRUPTED /
-  FAILED_TERMINAL when the successor stopped so; FAILED_TERMINAL (error kind ``handoff_failed``)
-  when it paused on its budget or failed retryably (resume that session itself to go on);
+  (the decision given to the first session travels down the chain); CANCELLED / FAILED_TERMINAL
+  when the successor stopped so; INTERRUPTED, with the handoff call left open, when the successor
+  stopped in a state it can go on from (INTERRUPTED from outside, PAUSED_BUDGET, FAILED_RETRYABLE):
+  ``resume`` of the chain (or of that successor, with a larger budget) continues it, and the
+  predecessor never gets its turn back;
 * an Interrupt or Cancel sent to it reaches the agent working now; a resume continues that agent;
 * usage and cost of every successor roll up into it (``HandoffResult.usage``, ``cost_usd``).
 
@@ -38,23 +42,25 @@ chain (then the tool answers ``handoff_limit`` and the agent must finish itself)
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import contextlib
+import signal
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 from attrs import field, frozen
 
-from ..agent import Agent
-from ..errors import ConfigurationError, StopRun, ToolError, WaitForHuman
+from ..agent import Agent, drain_on_signals
+from ..errors import ConfigurationError, ResumeError, SessionLinkError, StopRun, ToolError
 from ..machine.context import RunContext
 from ..middleware import Complete, Deny, Middleware, Ordering
 from ..store.base import LinkKind
-from ..tools.execution import idempotency_key
 from ..tools.registry import Tool, ToolContext, ToolEffect
 from ..types.content import ToolUseBlock, _tuple
 from ..types.messages import Message, ToolResultMessage, Usage
+from ..types.plan import one_line
 from ..types.run import RunResult, RunStop, StopReason
-from ._child import cancel_child, drive_child, stored_result
-from .subagent import checked_limits, waiting_for
+from ._child import checked_limits, child_answer, compensate_by_cancelling, drive_child, first_of_turn, stored_result
+from .links import child_session_id
 
 __all__ = ["PACKAGE_SCHEMA", "HandoffResult", "HandoffStep", "Handoffs", "RecoveryPackage"]
 
@@ -97,11 +103,16 @@ class RecoveryPackage:
     def from_arguments(cls, arguments: Mapping[str, Any]) -> RecoveryPackage:
         """The package of a handoff call's (schema-checked) arguments.
 
+        Every text is kept as one printable line (:func:`fsm_agent.types.plan.one_line`: whitespace
+        runs, line breaks among them, become one space; control and invisible characters go).
+
         Raises:
-            ToolError: (kind ``invalid_handoff``) a goal or summary that is only blanks, or a blank fact or action.
+            ToolError: (kind ``invalid_handoff``) a goal or summary without a visible character, or such
+                a fact or action.
         """
-        pkg = cls(str(arguments.get("goal", "")).strip(), [str(x).strip() for x in arguments.get("verified_facts", ())],
-                  [str(x).strip() for x in arguments.get("open_actions", ())], str(arguments.get("summary", "")).strip())
+        pkg = cls(one_line(str(arguments.get("goal", ""))),
+                  [one_line(str(x)) for x in arguments.get("verified_facts", ())],
+                  [one_line(str(x)) for x in arguments.get("open_actions", ())], one_line(str(arguments.get("summary", ""))))
         problems = [f"{name} is blank" for name in ("goal", "summary") if not getattr(pkg, name)]
         problems += [f"{name}[{i}] is blank" for name in ("verified_facts", "open_actions")
                      for i, x in enumerate(getattr(pkg, name)) if not x]
@@ -116,7 +127,7 @@ class RecoveryPackage:
                 "summary": self.summary}
 
     def message(self, source: str) -> str:
-        """The successor's first user message: the package, said plainly."""
+        """The successor's first user message: the package, said plainly (each text on one line)."""
         lines = [f"You are taking over a task from agent {source!r}. You get its recovery package, not its "
                  "conversation.", f"Goal: {self.goal}", "Verified facts:"]
         lines += [f"- {x}" for x in self.verified_facts] or ["- (none)"]
@@ -164,6 +175,12 @@ def _tool_name(target: str) -> str:
     return f"handoff_to_{target}"
 
 
+_SUSPEND = frozenset({StopReason.INTERRUPTED, StopReason.PAUSED_BUDGET, StopReason.FAILED_RETRYABLE})
+"""A successor's stops that leave the handoff call open (the chain stops INTERRUPTED; a resume goes on)."""
+_FINAL = {f"handoff_{r.value.lower()}": r for r in (StopReason.CANCELLED, StopReason.FAILED_TERMINAL)}
+"""Error kinds of a handoff call whose successor ended for good: the chain ends the same way."""
+
+
 class _HandoffStop(Middleware):
     """Ends a run at the end of the turn in which it handed over, and allows one handoff per turn."""
 
@@ -175,39 +192,28 @@ class _HandoffStop(Middleware):
         """Handoff tool name -> the target agent's name."""
 
     def on_tool_call(self, call: ToolUseBlock, ctx: RunContext) -> Deny | None:
-        if call.name not in self.targets or ctx.last_response is None:
-            return None
-        first = next(c for c in ctx.last_response.tool_calls if c.name in self.targets)
-        if first.id != call.id:
+        first = first_of_turn(ctx, self.targets) if call.name in self.targets else None
+        if first is not None and first.id != call.id:
             return Deny(f"only one handoff per turn: {first.name} was called first")
         return None
 
     def post_turn(self, ctx: RunContext) -> Complete | None:
-        resp = ctx.last_response
-        if resp is None:
+        call = first_of_turn(ctx, self.targets)
+        if call is None:
             return None
-        calls = [c for c in resp.tool_calls if c.name in self.targets]
-        if not calls:
-            return None
-        call = calls[0]
         result = next((m for m in reversed(ctx.transcript)
                        if isinstance(m, ToolResultMessage) and m.tool_call_id == call.id), None)
         if result is None:
             return None
         target = self.targets[call.name]
-        child = f"{call.name}-{idempotency_key(ctx.session_id, call.id)[:20]}"
-        kind = str((result.metadata or {}).get("error") or "") if result.is_error else ""
+        child = child_session_id((ctx.session_id, call.id), call.name)
         if not result.is_error:
             return Complete((f"handoff:{child}",), f"handed off to {target!r} (session {child}): it completed")
-        if not kind.startswith("handoff_") or kind == "handoff_limit":
-            return None  # a bad package or no more handoffs: the agent goes on and can fix it
-        stop = kind[len("handoff_"):].upper()
-        detail = f"handed off to {target!r} (session {child}), which stopped {stop}: {result.text[:400]}"
-        if stop in (StopReason.CANCELLED.value, StopReason.INTERRUPTED.value, StopReason.FAILED_TERMINAL.value):
-            raise StopRun(stop, detail, evidence_refs=(f"handoff:{child}",))
-        raise StopRun(StopReason.FAILED_TERMINAL.value, detail + f" (resume session {child} to go on)",
-                      evidence_refs=(f"handoff:{child}",),
-                      error={"kind": "handoff_failed", "successor": child, "stop": stop, "message": result.text[:400]})
+        stop = _FINAL.get(str((result.metadata or {}).get("error") or ""))
+        if stop is None:
+            return None  # nothing was handed over (a bad package, no more handoffs ...): the agent goes on
+        raise StopRun(stop.value, f"handed off to {target!r} (session {child}), which stopped {stop.value}: "
+                      f"{result.text[:400]}", evidence_refs=(f"handoff:{child}",))
 
 
 class Handoffs:
@@ -255,15 +261,27 @@ class Handoffs:
         self.limits = {n: checked_limits(agents[n], (limits or {}).get(n), f"Handoffs limits[{n!r}]") for n in names}
         self.descriptions = dict(descriptions or {})
         self.store = next(iter(agents.values())).store
-        self.agents: dict[str, Agent] = {}
-        for n in names:
-            a = agents[n]
-            tools = [self._handoff_tool(n, t) for t in routes[n]]
-            stop = _HandoffStop({_tool_name(t): t for t in routes[n]})
-            self.agents[n] = Agent(a.provider, tools=[*a.tools, *tools], system_prompt=a.system_prompt,
-                                   middleware=[*a.middleware, stop], observers=a.hooks.observers, config=a.config,
-                                   store=a.store, worker_id=a.worker_id, lease_ttl=a.lease_ttl,
-                                   control_poll=a.control_poll)
+        self.agents: dict[str, Agent] = {
+            n: agents[n].derive(tools=[self._handoff_tool(n, t) for t in routes[n]],
+                                middleware=[_HandoffStop({_tool_name(t): t for t in routes[n]})])
+            for n in names}
+        """The agents as the chain runs them: each given agent with its handoff tools and middleware
+        (:meth:`Agent.derive`: draining the given agent drains the chain's runs of it too)."""
+
+    def interrupt_all(self, reason: str) -> int:
+        """Interrupt every run of the chain's agents in this process (:meth:`Agent.interrupt_all`):
+        each chain stops INTERRUPTED, resumable (the agent working is cut and continues on
+        :meth:`resume`). Returns how many runs were interrupted."""
+        registries = {id(a._active): a for a in self.agents.values()}
+        return sum(a.interrupt_all(reason) for a in registries.values())
+
+    @contextlib.asynccontextmanager
+    async def drain_on_signals(self, signals: Sequence[signal.Signals] = (signal.SIGTERM, signal.SIGINT)
+                               ) -> AsyncIterator[None]:
+        """:meth:`Agent.drain_on_signals` for the whole chain: each of ``signals`` interrupts every
+        run of its agents in this process (:meth:`interrupt_all`)."""
+        async with drain_on_signals(self.interrupt_all, signals):
+            yield
 
     def _handoff_tool(self, source: str, target: str) -> Tool:
         name = _tool_name(target)
@@ -279,32 +297,22 @@ class Handoffs:
             if hop > self.max_handoffs:
                 raise ToolError(f"No more handoffs: this chain has had {hop - 1} (the limit is {self.max_handoffs}). "
                                 "Finish the task yourself.", kind="handoff_limit")
-            child_id = f"{name}-{ctx.idempotency_key[:20]}"
-            result = await drive_child(
-                self.agents[target], child_id, package.message(source), parent_id=ctx.session_id,
-                kind=LinkKind.HANDOFF.value, call_id=ctx.call_id, ctx=ctx,
-                link_metadata={"from": source, "to": target, "hop": hop, "package": package.to_dict()},
-                limits=self.limits[target], decision=ctx.decision)
-            stop = result.stop
-            if stop.reason is StopReason.COMPLETED:
-                return result.output or "(the agent that took over answered with no text)"
-            if stop.reason is StopReason.WAITING_HUMAN:
-                raise WaitForHuman(f"agent {target!r} took over (session {child_id}) and waits for a person: "
-                                   f"{waiting_for(stop)}. Approve to let it go on, reject or respond to answer its "
-                                   "pending calls with your message", reason="handoff_waiting",
-                                   allowed_decisions=("approve", "reject", "respond"))
-            raise ToolError(f"Agent {target!r} took over (session {child_id}) and stopped {stop.reason.value}: "
-                            f"{stop.detail}", kind=f"handoff_{stop.reason.value.lower()}")
+            child_id = child_session_id(ctx, name)
+            try:
+                result = await drive_child(
+                    self.agents[target], child_id, package.message(source), parent_id=ctx.session_id,
+                    kind=LinkKind.HANDOFF.value, call_id=ctx.call_id, ctx=ctx,
+                    link_metadata={"from": source, "to": target, "hop": hop, "package": package.to_dict()},
+                    limits=self.limits[target], decision=ctx.decision)
+            except SessionLinkError as e:
+                raise ToolError(f"Nothing was handed over: {e}", kind="handoff_session_conflict") from e
+            return await child_answer(self.agents[target], result, prefix="handoff", suspend=_SUSPEND,
+                                      label=f"agent {target!r}, which took over (session {child_id}),")
 
         t = Tool(handoff, name=name, description=description, parameters=PACKAGE_SCHEMA, timeout=None,
                  effect=ToolEffect.IDEMPOTENT, resumable=True)
-
-        @t.on_compensate
-        async def _cancel(arguments: dict[str, Any], result: Any, ctx: ToolContext) -> bool:
-            stopped = await cancel_child(self.agents[target], f"{name}-{ctx.idempotency_key[:20]}",
-                                         "the agent that handed over was cancelled")
-            return stopped is StopReason.CANCELLED
-
+        compensate_by_cancelling(t, lambda arguments, ctx: [(self.agents[target], child_session_id(ctx, name))],
+                                 "the agent that handed over was cancelled")
         return t
 
     async def _hop(self, session_id: str) -> int:
@@ -330,20 +338,38 @@ class Handoffs:
         return await self._result(result)
 
     async def resume(self, session_id: str, **kwargs: Any) -> HandoffResult:
-        """Resume the chain whose first session is ``session_id`` (``Agent.resume`` arguments:
-        ``decisions`` for the first session's pending call, raised limits ...). The agent working
-        when it stopped continues; nothing finished runs again.
+        """Resume a chain: ``session_id`` is its first session, or one of its successors.
+
+        The first session: resumed with ``kwargs`` (``Agent.resume`` arguments: ``decisions`` for its
+        pending handoff call, ``confirm_cancel`` ...); its open handoff call runs again and continues
+        the agent that was working. A successor: resumed first with ``kwargs`` (its own
+        ``decisions``, a larger budget for one that stopped PAUSED_BUDGET: ``max_iterations=20`` ...),
+        then the chain's first session, which takes the successor's result. Nothing finished runs again.
 
         Raises:
-            ResumeError: the session cannot be resumed, or was not started by this chain.
+            ResumeError: an unknown session, one this chain did not start, or one that cannot be resumed.
         """
-        from ..errors import ResumeError
-
         rec = await self.store.get_session(session_id)
-        name = (rec.metadata or {}).get("handoff_agent") if rec is not None else None
+        if rec is None:
+            raise ResumeError(f"unknown session {session_id!r}")
+        name = (rec.metadata or {}).get("handoff_agent")
+        if name in self.agents:
+            return await self._result(await self.agents[name].resume(session_id, **kwargs))
+        first, link = session_id, await self.store.parent(session_id)
+        if link is None or link.kind != LinkKind.HANDOFF.value or link.metadata.get("to") not in self.agents:
+            raise ResumeError(f"session {session_id!r} is neither the first session nor a successor of a chain of "
+                              f"these agents ({', '.join(self.agents)})")
+        state = rec.state
+        if state not in (StopReason.COMPLETED.value, StopReason.FAILED_TERMINAL.value, StopReason.CANCELLED.value):
+            await self.agents[str(link.metadata["to"])].resume(session_id, **kwargs)
+        while link is not None and link.kind == LinkKind.HANDOFF.value:
+            first, link = link.parent_id, await self.store.parent(link.parent_id)
+        root = await self.store.get_session(first)
+        name = (root.metadata or {}).get("handoff_agent") if root is not None else None
         if name not in self.agents:
-            raise ResumeError(f"session {session_id!r} is not the first session of a chain of these agents")
-        return await self._result(await self.agents[name].resume(session_id, **kwargs))
+            raise ResumeError(f"session {first!r}, the first of the chain of {session_id!r}, was not started by "
+                              "these agents")
+        return await self._result(await self.agents[name].resume(first))
 
     async def _result(self, first: RunResult) -> HandoffResult:
         rec = await self.store.get_session(first.session_id)

@@ -16,8 +16,10 @@ The contract (``docs/multi-agent.md``):
 * **Session**: ``child_session_id(ctx, name)``, derived from the call's idempotency key, linked
   ``agent_tool`` to the parent session and call before it starts. The same call always finds the
   same child: a parent resumed after an interrupt or a crash resumes that child (or takes its
-  result), never starts a second one.
-* **Budget**: the sub-agent's own :class:`~fsm_agent.RunConfig` with ``limits`` over it; its usage
+  result), never starts a second one. A session under that id that the call did not start is never
+  taken over: the call gets an error result (``sub_agent_session_conflict``).
+* **Budget**: the sub-agent's own :class:`~fsm_agent.RunConfig` with ``limits`` over it, its token
+  and cost budgets capped at what the parent's run has left when the child starts; its usage
   and cost roll up into the parent (``ToolContext.add_usage``) when it stops or is cut, so the
   parent's token and cost budgets count them from then on.
 * **Output**, by the sub-agent's stop (:data:`STOP_RESULTS`):
@@ -25,8 +27,9 @@ The contract (``docs/multi-agent.md``):
   ==================  =========================================================================
   COMPLETED           the answer text, or with ``output_schema`` the structured answer as JSON
   WAITING_HUMAN       the parent stops WAITING_HUMAN too, this call pending (reason
-                      ``sub_agent_waiting``); the person's decision (approve / reject / respond)
-                      is applied to each call the sub-agent waits on, and it goes on
+                      ``sub_agent_waiting``, naming the calls that really wait, nested waits
+                      followed down); the person's decision (the kinds those calls accept, of
+                      approve / reject / respond) is passed on to them, and it goes on
   PAUSED_BUDGET       an error result (``sub_agent_paused_budget``): the budget that ran out and
                       the partial answer
   FAILED_RETRYABLE    an error result (``sub_agent_failed_retryable``): a transient failure
@@ -41,7 +44,7 @@ The contract (``docs/multi-agent.md``):
   parent cuts the child (it stops INTERRUPTED at its checkpoint) and leaves the call open; the
   parent's resume runs it again, which resumes the child. A Cancel of the parent cancels the child
   (``on_compensate``: the child applies the Cancel under its own rules: compensation hooks, or a
-  person's confirmation in its session). A child that finished is not undone.
+  person's confirmation, which the parent then waits for too). A child that finished is not undone.
 """
 
 from __future__ import annotations
@@ -49,20 +52,18 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import attrs
 import orjson
 
 from ..agent import Agent
-from ..errors import ConfigurationError, ToolError, WaitForHuman
-from ..machine.config import RunConfig
+from ..errors import SessionLinkError, ToolError
 from ..store.base import LinkKind
 from ..tools.registry import Tool, ToolContext, ToolEffect
-from ..types.run import RunResult, RunStop, StopReason
+from ..types.run import StopReason
 from ..types.structured import OutputSchema
-from ._child import cancel_child, drive_child
+from ._child import checked_limits, child_answer, compensate_by_cancelling, drive_child
 from .links import child_session_id
 
-__all__ = ["STOP_RESULTS", "agent_tool", "checked_limits", "sub_agent_result", "waiting_for"]
+__all__ = ["STOP_RESULTS", "TASK_PARAMETERS", "agent_tool"]
 
 TASK_PARAMETERS: dict[str, Any] = {
     "type": "object",
@@ -85,69 +86,6 @@ STOP_RESULTS: Mapping[StopReason, str] = {
 }
 """What a sub-agent's stop becomes for its caller (see the module docstring)."""
 
-_WHAT_TO_DO: Mapping[StopReason, str] = {
-    StopReason.PAUSED_BUDGET: "Give it a smaller task, or go on without it.",
-    StopReason.FAILED_RETRYABLE: "It may work if called again later.",
-    StopReason.FAILED_TERMINAL: "Calling it again with the same task will fail the same way.",
-    StopReason.CANCELLED: "It was cancelled from outside; do not call it again for this task.",
-    StopReason.INTERRUPTED: "It was interrupted from outside; its session can be resumed by whoever stopped it.",
-}
-
-
-def checked_limits(agent: Agent, limits: Mapping[str, Any] | None, who: str) -> dict[str, Any]:
-    """``limits`` as RunConfig overrides for ``agent``'s runs, checked now rather than at the first call.
-
-    Raises:
-        ConfigurationError: a name that is no RunConfig field, or a value RunConfig refuses.
-    """
-    out = dict(limits or {})
-    names = {a.name for a in attrs.fields(RunConfig)}
-    unknown = sorted(set(out) - names)
-    if unknown:
-        raise ConfigurationError(f"{who}: unknown limit(s) {', '.join(unknown)}; the RunConfig fields are "
-                                 f"{', '.join(sorted(names))}")
-    attrs.evolve(agent.config, **out)  # RunConfig checks the values (ConfigurationError)
-    return out
-
-
-def _short(text: str, limit: int = 600) -> str:
-    text = text.strip()
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def waiting_for(stop: RunStop) -> str:
-    """What a WAITING_HUMAN stop waits for: each pending call (name, arguments, reason), or the
-    required decision."""
-    return ", ".join(f"{p.call.name}({orjson.dumps(p.call.input).decode()[:200]}) [{p.reason}]"
-                     for p in stop.pending_actions) or (stop.required_decision or "a decision")
-
-
-def sub_agent_result(result: RunResult, *, name: str, structured: bool = False) -> str:
-    """The tool result of a sub-agent's run (:data:`STOP_RESULTS`).
-
-    Returns:
-        the answer for COMPLETED (``structured``: the structured answer as JSON).
-
-    Raises:
-        WaitForHuman: the sub-agent waits for a person (its pending calls are named).
-        ToolError: any other stop, as an error result naming the stop, why, and what the caller can do.
-    """
-    stop = result.stop
-    sid = result.session_id
-    if stop.reason is StopReason.COMPLETED:
-        if structured and result.output_data is not None:
-            return orjson.dumps(result.output_data).decode()
-        return result.output or "(the sub-agent answered with no text)"
-    if stop.reason is StopReason.WAITING_HUMAN:
-        raise WaitForHuman(
-            f"sub-agent {name!r} (session {sid}) waits for a person: {waiting_for(stop)}. Approve to let it go on, "
-            "reject or respond to answer its pending calls with your message", reason="sub_agent_waiting",
-            allowed_decisions=("approve", "reject", "respond"))
-    partial = f" Its last answer: {_short(result.output)!r}." if result.output.strip() else ""
-    raise ToolError(f"Sub-agent {name!r} (session {sid}) stopped {stop.reason.value}: {_short(stop.detail, 400)}."
-                    f"{partial} {_WHAT_TO_DO.get(stop.reason, '')}".strip(),
-                    kind=f"sub_agent_{stop.reason.value.lower()}")
-
 
 def agent_tool(
     agent: Agent,
@@ -169,6 +107,8 @@ def agent_tool(
         description: what the parent's model reads about the sub-agent.
         limits: :class:`~fsm_agent.RunConfig` fields for the sub-agent's runs (``max_iterations``,
             ``max_wall_clock`` seconds, ``max_tokens``, ``max_cost_usd`` USD ...), over its own config.
+            Its ``max_tokens`` and ``max_cost_usd`` are further capped at what the parent's run has
+            left when the sub-agent starts.
         output_schema: the sub-agent's answer must match it (its run's ``output_schema``); the tool
             result is then the answer as JSON.
         parameters: the tool's JSON Schema (default: one required ``task`` string).
@@ -193,21 +133,21 @@ def agent_tool(
         return orjson.dumps(arguments).decode()
 
     async def call(_fsm_context: ToolContext, **arguments: Any) -> str:
-        child_id = child_session_id(_fsm_context, name)
-        _fsm_context.report_progress(0, None, f"sub-agent {name!r} runs in session {child_id}")
-        result = await drive_child(
-            agent, child_id, render(arguments), parent_id=_fsm_context.session_id, kind=LinkKind.AGENT_TOOL.value,
-            call_id=_fsm_context.call_id, link_metadata={"tool": name}, limits=run_limits,
-            decision=_fsm_context.decision, ctx=_fsm_context)
-        _fsm_context.report_progress(1, 1, f"sub-agent {name!r} stopped {result.stop.reason.value}")
-        return sub_agent_result(result, name=name, structured=output_schema is not None)
+        ctx = _fsm_context
+        child_id = child_session_id(ctx, name)
+        ctx.report_progress(0, None, f"sub-agent {name!r} runs in session {child_id}")
+        try:
+            result = await drive_child(
+                agent, child_id, render(arguments), parent_id=ctx.session_id, kind=LinkKind.AGENT_TOOL.value,
+                call_id=ctx.call_id, link_metadata={"tool": name}, limits=run_limits, decision=ctx.decision, ctx=ctx)
+        except SessionLinkError as e:
+            raise ToolError(f"Sub-agent {name!r} could not start: {e}", kind="sub_agent_session_conflict") from e
+        ctx.report_progress(1, 1, f"sub-agent {name!r} stopped {result.stop.reason.value}")
+        return await child_answer(agent, result, label=f"sub-agent {name!r} (session {child_id})",
+                                  prefix="sub_agent", structured=output_schema is not None)
 
     t = Tool(call, name=name, description=description, parameters=parameters or TASK_PARAMETERS, timeout=timeout,
              effect=ToolEffect.IDEMPOTENT, resumable=True)
-
-    @t.on_compensate
-    async def _cancel(arguments: dict[str, Any], result: Any, ctx: ToolContext) -> bool:
-        stopped = await cancel_child(agent, child_session_id(ctx, name), "the parent session was cancelled")
-        return stopped is StopReason.CANCELLED
-
+    compensate_by_cancelling(t, lambda arguments, ctx: [(agent, child_session_id(ctx, name))],
+                             "the parent session was cancelled")
     return t

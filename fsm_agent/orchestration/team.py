@@ -19,7 +19,9 @@ budget), whose turns are:
 2. **the workers**: the ``dispatch`` call runs every subtask as a worker session linked
    ``worker`` to the leader's session and call (``worker<i>-<key>``; link metadata: ``index``,
    ``task``), at most ``max_parallel`` at a time, each with the worker agent's config and
-   ``worker_limits``. Usage and cost of each worker roll up into the leader.
+   ``worker_limits`` (token and cost budgets capped at what the leader has left when it starts).
+   Usage and cost of each worker roll up into the leader. A team splits once: a second
+   ``dispatch`` call (in the same turn, or after a split ran workers) is denied.
 3. **the merge**: the call's result lists every worker (its stop and answer); the leader's next
    turns (the ``dispatch`` tool is no longer offered) write the merged answer.
 4. **the verification**: ``verify(answer, outcomes)`` (optional) checks it; a failed check gets one
@@ -33,12 +35,21 @@ complete the team: the leader is asked again, within its own budget (PAUSED_BUDG
 * a worker that stops FAILED_RETRYABLE is resumed (its own session: nothing it did runs again) up
   to ``retries`` times;
 * a worker that stops WAITING_HUMAN makes the leader stop WAITING_HUMAN (the ``dispatch`` call
-  pending, reason ``workers_waiting``) once the others are done; the person's decision is applied
-  to each waiting worker's pending calls when the leader is resumed;
-* any other stop (PAUSED_BUDGET, FAILED_*, CANCELLED, INTERRUPTED from outside) is a failed
-  outcome. The merge rule decides: it goes on with the outcomes it names (the failed ones are
-  listed to the leader as not merged), or the team stops FAILED_TERMINAL with error kind
-  ``merge_rule`` naming each failed worker and its stop.
+  pending, reason ``workers_waiting``) once the others are done; the person's decision is passed
+  on to each waiting worker's pending calls when the leader is resumed;
+* a worker that stops INTERRUPTED (from outside: a control sent to its session, its agent
+  drained), or whose session could not be driven (a store error, its lease held elsewhere), leaves
+  the ``dispatch`` call open once the others are done: the leader stops INTERRUPTED (reason
+  ``workers_interrupted`` / ``workers_not_driven``) and its resume continues every worker where
+  it stopped;
+* any other stop (PAUSED_BUDGET, FAILED_*, CANCELLED; a session id taken by another session) is a
+  failed outcome. The merge rule decides: it goes on with the outcomes it names (the failed ones
+  are listed to the leader as not merged), or the team stops FAILED_TERMINAL with error kind
+  ``merge_rule`` naming each failed worker and its stop (also when the rule raises, or names a
+  worker that did not complete).
+
+A ``dispatch`` call that ran workers never leads to a second split: when it ends in an error other
+than the merge rule's, the team stops FAILED_TERMINAL (``dispatch_failed``).
 
 Merge rules: :func:`all_succeed` (the default), :func:`quorum`, :func:`best_effort`, or any
 callable ``(outcomes) -> MergeDecision``.
@@ -46,27 +57,44 @@ callable ``(outcomes) -> MergeDecision``.
 An Interrupt or Cancel of the leader's session reaches every running worker (cut; resumed with the
 leader, or cancelled with it); a crash of the leader's process is recovered by resuming the leader:
 the ``dispatch`` call runs again with the same key and finds every worker where it stopped.
+``Team.drain_on_signals()`` (or the leader agent's, which the team's leader is derived from)
+interrupts the team's runs on SIGTERM / SIGINT.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+import contextlib
+import re
+import signal
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any, Protocol, Union
 
 from attrs import evolve, frozen
 
-from ..agent import Agent
-from ..errors import ConfigurationError, StopRun, ToolError, WaitForHuman
+from ..agent import Agent, drain_on_signals
+from ..errors import ConfigurationError, SessionLinkError, StopRun, SuspendCall, ToolError, WaitForHuman
 from ..machine.context import RunContext
-from ..middleware import Complete, Continue, Middleware, ModelCallNext, Ordering
-from ..store.base import LinkKind
+from ..middleware import Complete, Continue, Deny, Middleware, ModelCallNext, Ordering
+from ..store.base import LinkKind, SessionLink
 from ..tools.registry import Tool, ToolContext, ToolEffect
+from ..types.content import ToolUseBlock
 from ..types.messages import Message, ToolResultMessage, Usage, UserMessage
 from ..types.requests import MessageRequest, MessageResponse
 from ..types.run import RunResult, RunStop, StopReason
-from ._child import Counted, _resume_when_free, cancel_child, drive_child, roll_up, stored_result
-from .subagent import checked_limits, waiting_for
+from ._child import (
+    Counted,
+    _resume_when_free,
+    checked_limits,
+    compensate_by_cancelling,
+    drive_child,
+    first_of_turn,
+    forwardable,
+    roll_up,
+    stored_result,
+    waiting_on,
+)
+from .links import child_session_id
 
 __all__ = [
     "DISPATCH",
@@ -122,7 +150,8 @@ class WorkerOutcome:
     usage: Usage = Usage()
     cost_usd: float | None = 0.0
     attempts: int = 1
-    """Runs of the worker in this dispatch (1 + the retries used)."""
+    """Runs of the worker that ended FAILED_RETRYABLE, plus the one that ended as it stands (1 + the
+    retries used), as its session's log has them."""
 
     @property
     def ok(self) -> bool:
@@ -137,15 +166,32 @@ class MergeDecision:
     ok: bool
     """Merge (``True``) or fail the team (``False``)."""
     use: tuple[int, ...] = ()
-    """The indices of the outcomes to merge (the others are listed to the leader as not merged)."""
+    """The indices of the outcomes to merge, each a worker that completed (the others are listed to
+    the leader as not merged). When ``ok``, at least one."""
     detail: str = ""
     """Why, in words (the stop detail when the team fails)."""
 
 
 class MergeRule(Protocol):
-    """``(outcomes) -> MergeDecision``: decides whether the leader merges, and what."""
+    """``(outcomes) -> MergeDecision``: decides whether the leader merges, and what. Called once per
+    dispatch, when every worker is done; an exception it raises (or a decision naming a worker that
+    did not complete) fails the team (``merge_rule``)."""
 
     def __call__(self, outcomes: Sequence[WorkerOutcome]) -> MergeDecision: ...
+
+
+def _misfit(decision: Any, outcomes: Sequence[WorkerOutcome]) -> str:
+    """What is wrong with a merge rule's decision ('' when nothing)."""
+    if not isinstance(decision, MergeDecision):
+        return f"the merge rule returned {type(decision).__name__}, not a MergeDecision"
+    done = {o.index for o in outcomes if o.ok}
+    wrong = [i for i in decision.use if i not in done]
+    if wrong:
+        return (f"the merge rule named worker(s) {wrong} to merge, which did not complete (completed: "
+                f"{sorted(done) or 'none'})")
+    if decision.ok and not decision.use:
+        return "the merge rule decided to merge, but named no worker to merge"
+    return ""
 
 
 def _failed(outcomes: Sequence[WorkerOutcome]) -> str:
@@ -216,17 +262,36 @@ class TeamResult:
 
 
 def _worker_id(ctx: ToolContext, index: int) -> str:
-    return f"worker{index}-{ctx.idempotency_key[:20]}"
+    return child_session_id(ctx, f"worker{index}")
 
 
-def _outcome(index: int, task: str, result: RunResult, attempts: int) -> WorkerOutcome:
+def _rule_name(rule: Any) -> str:
+    """A merge rule as the texts name it: ``quorum(2)``, or a callable's name (``my_rule``)."""
+    if isinstance(rule, _Quorum):
+        return repr(rule)
+    return str(getattr(rule, "__qualname__", None) or getattr(rule, "__name__", None) or type(rule).__name__)
+
+
+async def _attempts(agent: Agent, session_id: str, stop: StopReason) -> int:
+    failed = sum(1 for ev in await agent.store.read_events(session_id, types=("transition",))
+                 if ev.payload.get("to") == StopReason.FAILED_RETRYABLE.value)
+    return failed + (0 if stop is StopReason.FAILED_RETRYABLE else 1)
+
+
+async def _outcome(agent: Agent, index: int, task: str, result: RunResult) -> WorkerOutcome:
     return WorkerOutcome(index, task, result.session_id, result.stop.reason, result.stop.detail, result.output,
-                         result.output_data, result.usage, result.cost_usd, attempts)
+                         result.output_data, result.usage, result.cost_usd,
+                         await _attempts(agent, result.session_id, result.stop.reason))
+
+
+_HEADER = re.compile(r"\A\d+ worker\(s\) ran; merged: (none|\d+(?:, \d+)*)\.")
+"""The first line of a ``dispatch`` result, which names the merged workers (read back at completion)."""
 
 
 def _report(outcomes: Sequence[WorkerOutcome], decision: MergeDecision, limit: int = 1500) -> str:
-    lines = [f"{len(outcomes)} worker(s) ran: {decision.detail}. Merge the results marked MERGE into one answer "
-             "to the original task."]
+    merged = ", ".join(str(i) for i in decision.use) or "none"
+    lines = [f"{len(outcomes)} worker(s) ran; merged: {merged}. {decision.detail}. Merge the results marked MERGE "
+             "into one answer to the original task."]
     for o in outcomes:
         head = f"[worker {o.index}] {'MERGE' if o.index in decision.use else 'NOT MERGED'} ({o.stop.value}) {o.task}"
         if o.ok:
@@ -238,8 +303,9 @@ def _report(outcomes: Sequence[WorkerOutcome], decision: MergeDecision, limit: i
 
 
 class _TeamControl(Middleware):
-    """Forces the split as the first call, hides ``dispatch`` once it ran, fails the team when the
-    merge rule refuses, and verifies the merged answer."""
+    """Forces the split as the first call (and allows one split), hides ``dispatch`` once it ran,
+    fails the team when the merge rule refuses or a dispatch that ran workers failed, and verifies
+    the merged answer."""
 
     name = "team"
     ordering = Ordering(position="innermost")
@@ -247,13 +313,25 @@ class _TeamControl(Middleware):
     def __init__(self, team: Team) -> None:
         self.team = team
 
-    @staticmethod
-    def _dispatched(ctx: RunContext) -> bool:
-        return any(isinstance(m, ToolResultMessage) and m.name == DISPATCH and not m.is_error for m in ctx.transcript)
+    async def _split(self, ctx: RunContext) -> SessionLink | None:
+        """The link of the first worker of the session's split, ``None`` before any worker started."""
+        return next((x for x in await self.team.store.children(ctx.session_id) if x.kind == LinkKind.WORKER.value),
+                    None)
+
+    async def on_tool_call(self, call: ToolUseBlock, ctx: RunContext) -> Deny | None:  # type: ignore[override]
+        if call.name != DISPATCH:
+            return None
+        first = first_of_turn(ctx, (DISPATCH,))
+        if first is not None and first.id != call.id:
+            return Deny(f"only one split per team: {DISPATCH} was called first in this turn ({first.id})")
+        split = await self._split(ctx)
+        if split is not None and split.call_id != call.id:
+            return Deny(f"the task was split already (call {split.call_id}) and its workers ran: merge their results")
+        return None
 
     async def wrap_model_call(self, request: MessageRequest, call_next: ModelCallNext,
                               ctx: RunContext) -> MessageResponse:
-        if self._dispatched(ctx):
+        if await self._split(ctx) is not None:
             request = evolve(request, tools=tuple(t for t in request.tools if t.name != DISPATCH))
         else:
             request = evolve(request, tools=tuple(t for t in request.tools if t.name == DISPATCH),
@@ -264,17 +342,24 @@ class _TeamControl(Middleware):
         resp = ctx.last_response
         if resp is None:
             return None
-        for call in resp.tool_calls:
-            if call.name != DISPATCH:
-                continue
-            result = next((m for m in reversed(ctx.transcript)
-                           if isinstance(m, ToolResultMessage) and m.tool_call_id == call.id), None)
-            if result is not None and result.is_error and (result.metadata or {}).get("error") == "merge_rule":
+        call = first_of_turn(ctx, (DISPATCH,))
+        result = None if call is None else next(
+            (m for m in reversed(ctx.transcript) if isinstance(m, ToolResultMessage) and m.tool_call_id == call.id), None)
+        if result is not None and result.is_error:
+            kind = (result.metadata or {}).get("error")
+            if kind == "merge_rule":
                 raise StopRun(StopReason.FAILED_TERMINAL.value, f"the merge rule failed the team: {result.text[:600]}",
                               error={"kind": "merge_rule", "message": result.text[:2000]})
+            split = await self._split(ctx)
+            if split is not None and call is not None and split.call_id == call.id:
+                # its workers ran: splitting again would run them a second time
+                raise StopRun(StopReason.FAILED_TERMINAL.value,
+                              f"the dispatch that ran the workers failed: {result.text[:600]}",
+                              error={"kind": "dispatch_failed", "message": result.text[:2000]})
         if resp.tool_calls:
             return None
-        if not self._dispatched(ctx):
+        split = await self._split(ctx)
+        if split is None:
             # the split is required: an answer instead of it (a forced call cut at the output limit
             # reads as text) does not complete the team; the leader's budget bounds the asking
             cut = resp.stop_reason.value == "max_tokens"
@@ -282,14 +367,16 @@ class _TeamControl(Middleware):
             return Continue(UserMessage(f"Your last answer {why}. Split the task with the dispatch tool first: "
                                         "short subtasks, one per worker."), reason=f"no split yet: the answer {why}")
         outcomes = await self.team.outcomes(ctx.session_id)
-        evidence = tuple(f"worker:{o.session_id}" for o in outcomes)
+        merged = _merged(ctx, split.call_id, outcomes)
+        evidence = tuple(f"worker:{o.session_id}" for o in outcomes if o.index in merged)
+        done = (f"merged {len(merged)} of {len(outcomes)} worker result(s) under {_rule_name(self.team.merge)}")
         if self.team.verify is None:
-            return Complete(evidence, f"merged {len(outcomes)} worker result(s) under {self.team.merge!r}")
+            return Complete(evidence, done)
         verdict = self.team.verify(resp.message.text, outcomes)
         if asyncio.iscoroutine(verdict) or isinstance(verdict, Awaitable):
             verdict = await verdict
         if verdict is None:
-            return Complete(evidence, f"merged {len(outcomes)} worker result(s) under {self.team.merge!r}; verified")
+            return Complete(evidence, f"{done}; verified")
         state = ctx.state(self)
         if not state.get("repaired"):
             state["repaired"] = True
@@ -297,6 +384,17 @@ class _TeamControl(Middleware):
                                         "merging the workers' results."), reason=f"verification failed: {verdict}")
         raise StopRun(StopReason.FAILED_TERMINAL.value, f"the merged answer failed verification twice: {verdict}",
                       error={"kind": "verification_failed", "message": str(verdict)[:2000]})
+
+
+def _merged(ctx: RunContext, call_id: str | None, outcomes: Sequence[WorkerOutcome]) -> set[int]:
+    """The workers the dispatch ``call_id`` merged, as its result's first line names them (every
+    completed worker when that result is not found)."""
+    result = next((m for m in ctx.transcript if isinstance(m, ToolResultMessage) and m.tool_call_id == call_id
+                   and not m.is_error), None)
+    found = _HEADER.match(result.text) if result is not None else None
+    if found is None:
+        return {o.index for o in outcomes if o.ok}
+    return set() if found.group(1) == "none" else {int(x) for x in found.group(1).split(", ")}
 
 
 TEAM_PROMPT = ("You lead a team of workers. First split the task into independent parts with the dispatch tool, one "
@@ -352,14 +450,28 @@ class Team:
         self.verify = verify
         self.store = leader.store
         prompt = "\n\n".join(p for p in (instructions, leader.system_prompt) if p)
-        self.leader = Agent(leader.provider, tools=[*leader.tools, self._dispatch_tool()], system_prompt=prompt,
-                            middleware=[*leader.middleware, _TeamControl(self)], observers=leader.hooks.observers,
-                            config=leader.config, store=leader.store, worker_id=leader.worker_id,
-                            lease_ttl=leader.lease_ttl, control_poll=leader.control_poll)
+        self.leader = leader.derive(tools=[self._dispatch_tool()], middleware=[_TeamControl(self)],
+                                    system_prompt=prompt)
+        """The leader as the team runs it: the given agent with the ``dispatch`` tool, the team's
+        middleware and prompt (:meth:`Agent.derive`: draining the given agent drains the team too)."""
 
     def __repr__(self) -> str:
-        return (f"Team(workers={len(self.workers)}, merge={self.merge!r}, max_workers={self.max_workers}, "
+        return (f"Team(workers={len(self.workers)}, merge={_rule_name(self.merge)}, max_workers={self.max_workers}, "
                 f"max_parallel={self.max_parallel}, retries={self.retries})")
+
+    def interrupt_all(self, reason: str) -> int:
+        """Interrupt every run of the team's leader in this process (:meth:`Agent.interrupt_all`):
+        each team stops INTERRUPTED, its running workers cut with it, and :meth:`resume` continues
+        them. Returns how many leader runs were interrupted."""
+        return self.leader.interrupt_all(reason)
+
+    @contextlib.asynccontextmanager
+    async def drain_on_signals(self, signals: Sequence[signal.Signals] = (signal.SIGTERM, signal.SIGINT)
+                               ) -> AsyncIterator[None]:
+        """:meth:`Agent.drain_on_signals` for the team: each of ``signals`` interrupts the team's runs
+        in this process (:meth:`interrupt_all`), workers included."""
+        async with drain_on_signals(self.interrupt_all, signals):
+            yield
 
     def _worker(self, index: int) -> Agent:
         return self.workers[index % len(self.workers)]
@@ -369,16 +481,19 @@ class Team:
         async with gate:
             agent = self._worker(index)
             child = _worker_id(ctx, index)
-            result = await drive_child(agent, child, task, parent_id=ctx.session_id, kind=LinkKind.WORKER.value,
-                                       call_id=ctx.call_id, link_metadata={"index": index, "task": task},
-                                       limits=self.worker_limits, decision=ctx.decision, ctx=ctx, counted=counted)
-            attempts = 1
-            while result.stop.reason is StopReason.FAILED_RETRYABLE and attempts <= self.retries:
-                attempts += 1
-                ctx.report_progress(index, None, f"worker {index} failed retryably; attempt {attempts}")
+            try:
+                result = await drive_child(agent, child, task, parent_id=ctx.session_id, kind=LinkKind.WORKER.value,
+                                           call_id=ctx.call_id, link_metadata={"index": index, "task": task},
+                                           limits=self.worker_limits, decision=ctx.decision, ctx=ctx, counted=counted)
+            except SessionLinkError as e:  # its id is another session's: nothing ran, and retrying cannot help
+                return WorkerOutcome(index, task, child, StopReason.FAILED_TERMINAL, str(e), "", attempts=0)
+            retried = 0
+            while result.stop.reason is StopReason.FAILED_RETRYABLE and retried < self.retries:
+                retried += 1
+                ctx.report_progress(index, None, f"worker {index} failed retryably; retry {retried}")
                 result = await _resume_when_free(agent, child)
                 await roll_up(ctx, agent, child, counted, result)
-            return _outcome(index, task, result, attempts)
+            return await _outcome(agent, index, task, result)
 
     def _dispatch_tool(self) -> Tool:
         async def dispatch(_fsm_context: ToolContext, subtasks: list[dict[str, Any]]) -> str:
@@ -389,20 +504,28 @@ class Team:
                 raise ToolError(f"subtask(s) {blank} are blank; split the task again", kind="invalid_split")
             gate = asyncio.Semaphore(self.max_parallel)
             counted: Counted = {}
-            async with asyncio.TaskGroup() as group:  # a failure (or a cancel) stops every worker
-                running = [group.create_task(self._run_worker(ctx, i, t, gate, counted)) for i, t in enumerate(tasks)]
-            outcomes = [r.result() for r in running]
-            waiting = [o for o in outcomes if o.stop is StopReason.WAITING_HUMAN]
-            if waiting:
-                parts = []
-                for o in waiting:
-                    found = await stored_result(self._worker(o.index), o.session_id)
-                    parts.append(f"worker {o.index} (session {o.session_id}): "
-                                 + (waiting_for(found.stop) if found is not None else o.detail))
-                raise WaitForHuman("workers wait for a person: " + "; ".join(parts) + ". Approve to let them go on, "
-                                   "reject or respond to answer their pending calls with your message",
-                                   reason="workers_waiting", allowed_decisions=("approve", "reject", "respond"))
-            decision = self.merge(outcomes)
+            # every worker runs to its stop, whatever another one does; a cancel of the call cancels them all
+            ran = await asyncio.gather(*(self._run_worker(ctx, i, t, gate, counted) for i, t in enumerate(tasks)),
+                                       return_exceptions=True)
+            for r in ran:
+                if isinstance(r, BaseException) and not isinstance(r, Exception):
+                    raise r
+            broken = [(i, r) for i, r in enumerate(ran) if isinstance(r, Exception)]
+            if broken:
+                raise SuspendCall("worker session(s) could not be driven: " + "; ".join(
+                    f"worker {i} ({_worker_id(ctx, i)}): {type(e).__name__}: {e}" for i, e in broken)
+                    + ". Every worker stays where it stopped; resume the team to continue them",
+                    reason="workers_not_driven")
+            outcomes = [r for r in ran if isinstance(r, WorkerOutcome)]
+            await self._wait_or_suspend(outcomes)
+            try:
+                decision = self.merge(outcomes)
+                problem = _misfit(decision, outcomes)
+            except Exception as e:  # noqa: BLE001 - the rule's failure is the team's, typed
+                decision, problem = MergeDecision(False), f"the merge rule raised {type(e).__name__}: {e}"
+            if problem:
+                raise ToolError(f"{_rule_name(self.merge)}: {problem}\n\n" + _report(outcomes, decision, 300),
+                                kind="merge_rule")
             if not decision.ok:
                 raise ToolError(decision.detail + "\n\n" + _report(outcomes, decision, 300), kind="merge_rule")
             return _report(outcomes, decision)
@@ -411,15 +534,32 @@ class Team:
             "Split the task into independent parts, one per worker; the workers run them in parallel and their "
             "results come back here."), parameters=split_schema(self.max_workers, self.max_task_chars), timeout=None,
             effect=ToolEffect.IDEMPOTENT, resumable=True)
-
-        @t.on_compensate
-        async def _cancel(arguments: dict[str, Any], result: Any, ctx: ToolContext) -> bool:
-            stops = [await cancel_child(self._worker(i), _worker_id(ctx, i), "the leader was cancelled")
-                     for i in range(len(arguments.get("subtasks") or ()))]
-            return all(s in (None, StopReason.CANCELLED, StopReason.COMPLETED) for s in stops) and \
-                any(s is StopReason.CANCELLED for s in stops)
-
+        compensate_by_cancelling(t, lambda arguments, ctx: [
+            (self._worker(i), _worker_id(ctx, i)) for i in range(len(arguments.get("subtasks") or ()))],
+            "the leader was cancelled")
         return t
+
+    async def _wait_or_suspend(self, outcomes: Sequence[WorkerOutcome]) -> None:
+        """Raise WaitForHuman when workers wait for a person, SuspendCall when workers were
+        interrupted from outside (the call stays open; the leader's resume continues them)."""
+        waiting = [o for o in outcomes if o.stop is StopReason.WAITING_HUMAN]
+        if waiting:
+            parts, stops = [], []
+            for o in waiting:
+                found = await stored_result(self._worker(o.index), o.session_id)
+                stop = found.stop if found is not None else RunStop(StopReason.WAITING_HUMAN, o.detail)
+                stops.append(stop)
+                parts.append(f"worker {o.index} (session {o.session_id}): "
+                             + await waiting_on(self.store, o.session_id, stop))
+            allowed = forwardable(stops)
+            raise WaitForHuman("workers wait for a person: " + "; ".join(parts) + ". The decision (" + ", ".join(allowed)
+                               + ") is passed on to each call they wait on", reason="workers_waiting",
+                               allowed_decisions=allowed, run_on_reject=True)
+        cut = [o for o in outcomes if o.stop is StopReason.INTERRUPTED]
+        if cut:
+            raise SuspendCall("worker(s) interrupted from outside: " + "; ".join(
+                f"worker {o.index} (session {o.session_id}): {o.detail[:200]}" for o in cut)
+                + ". Resume the team to continue them (the others keep their results)", reason="workers_interrupted")
 
     async def outcomes(self, session_id: str) -> tuple[WorkerOutcome, ...]:
         """The workers of the leader's session ``session_id``, as the store has them, in split order
@@ -433,7 +573,7 @@ class Team:
             index = int(link.metadata.get("index", 0))
             found = await stored_result(self._worker(index), link.child_id)
             if found is not None:
-                out.append(_outcome(index, str(link.metadata.get("task", "")), found, 1))
+                out.append(await _outcome(self._worker(index), index, str(link.metadata.get("task", "")), found))
         return tuple(out)
 
     async def run(self, task: str | Message | Sequence[Message], *, session_id: str | None = None,

@@ -11,7 +11,7 @@ import pytest
 
 from fsm_agent import Agent, Decision, Middleware, ScriptedProvider, StopReason, ToolContext, tool
 from fsm_agent.control import Cancel, Interrupt
-from fsm_agent.errors import ConfigurationError, ProviderError, SessionLinkError
+from fsm_agent.errors import ConfigurationError, ProviderError, ResumeError, SessionLinkError
 from fsm_agent.middleware import AskApproval
 from fsm_agent.orchestration.links import link_child
 from fsm_agent.orchestration.subagent import agent_tool
@@ -351,11 +351,18 @@ async def test_a_cancel_sent_while_parent_and_child_are_stopped_reaches_the_chil
     child_id = (await store.children("p"))[0].child_id
     await parent.control("p", Cancel("no longer needed"))  # queued: the parent is stopped
     result = await parent.resume("p")
-    assert result.stop.reason is StopReason.CANCELLED
     child_rec = await store.get_session(child_id)
-    # the child's send was cut in flight (outcome unknown) and has no compensation: it asks a person
+    # the child's send was cut in flight (outcome unknown) and has no compensation: it asks a person,
+    # and so does the parent, naming the child's call (review finding 10: the parent said CANCELLED)
     assert child_rec.state == "WAITING_HUMAN" and child_rec.stop["required_decision"] == "confirm_cancel"
+    assert result.stop.reason is StopReason.WAITING_HUMAN and result.stop.required_decision == "confirm_cancel"
+    assert f"session {child_id}" in result.stop.detail and "send(" in result.stop.detail
     assert effects.done == []
+    confirmed = await parent.resume("p", confirm_cancel=True)  # the person's confirmation reaches the child
+    assert confirmed.stop.reason is StopReason.CANCELLED
+    assert (await store.get_session(child_id)).state == "CANCELLED" and effects.done == []
+    (entry,) = (await store.ledger("p")).values()
+    assert entry.status is LedgerStatus.REJECTED
 
 
 async def test_a_child_id_taken_by_another_parent_is_a_typed_error() -> None:
@@ -387,3 +394,169 @@ async def test_a_link_that_cannot_be_written_starts_no_child() -> None:
     assert second.text == "never"  # the next call links and runs its child
     assert len(child_provider.requests) == 1 and len(await store.children("p")) == 1
     assert store.calls["link_session"] == 2
+
+
+async def test_an_interrupt_leaves_the_child_open_though_another_call_of_the_batch_is_not_resumable(store) -> None:
+    """Review finding 4: a plain tool in flight next to the agent tool made the interrupt close both;
+    the parent's model then called the sub-agent again: a second child, every effect again."""
+    effects = Effects(hold="bob")
+    effects.release.clear()
+    child_provider = ScriptedProvider([c_call(("send", {"to": "ann"})), c_call(("send", {"to": "bob"})),
+                                       c_text("both sent")])
+    child = Agent(child_provider, tools=[effects.tool()], store=store, control_poll=0.02)
+    gate = asyncio.Event()
+
+    @tool
+    async def lookup(q: str) -> str:
+        """A slow read."""
+        await gate.wait()
+        return "x"
+
+    def parent_script(request: Any) -> Any:
+        results = [m for m in request.messages if m.role == "tool"]
+        if not results:
+            return p_call(("mailer", {"task": "mail ann and bob"}), ("lookup", {"q": "z"}))
+        mailer = [m for m in results if m.name == "mailer"]
+        if mailer and mailer[-1].is_error and len(mailer) == 1:  # would delegate again after an error
+            return p_call(("mailer", {"task": "mail ann and bob"}))
+        return p_text("done")
+
+    parent = Agent(ScriptedProvider([parent_script], repeat_last=True),
+                   tools=[agent_tool(child, name="mailer", description="Mail."), lookup], store=store, control_poll=0.02)
+    run = asyncio.ensure_future(parent.run("go", session_id="p"))
+    await asyncio.wait_for(effects.entered.wait(), 10)
+    await parent.control("p", Interrupt("pause"))
+    stopped = await run
+    assert stopped.stop.reason is StopReason.INTERRUPTED
+    assert "mailer left open, to continue on resume; lookup closed, outcome unknown" in stopped.stop.detail
+    effects.release.set()
+    gate.set()
+    done = await parent.resume("p")
+    assert done.stop.reason is StopReason.COMPLETED and done.output == "done"
+    assert effects.done == ["ann"]  # bob's send was cut in flight (outcome unknown): nothing twice
+    assert len(await store.children("p")) == 1 and len(child_provider.requests) == 3
+    results = {m.name: m for m in done.messages if m.role == "tool"}
+    assert results["mailer"].text == "both sent" and "outcome is unknown" in results["lookup"].text
+
+
+@pytest.mark.parametrize("squatter_state", ["COMPLETED", "INTERRUPTED"])
+async def test_a_session_squatting_the_child_id_is_never_taken_over(store, squatter_state: str) -> None:
+    """Review finding 5: a session created under the id the parent's call derives was taken as the
+    child (its answer returned, or its transcript resumed with the child's tools)."""
+    from fsm_agent.tools.execution import idempotency_key
+
+    squat = f"researcher-{idempotency_key('p', 'call_fixed')[:20]}"
+    gate = asyncio.Event()
+
+    @tool
+    async def wait_a_bit() -> str:
+        """Wait."""
+        await gate.wait()
+        return "x"
+
+    squatter = Agent(ScriptedProvider([c_call(("wait_a_bit", {})), c_text("ANSWER OF ANOTHER SESSION")]),
+                     tools=[wait_a_bit], store=store, control_poll=0.02)
+    if squatter_state == "COMPLETED":
+        gate.set()
+        await squatter.run("something else entirely", session_id=squat)
+    else:
+        run = asyncio.ensure_future(squatter.run("SQUATTER'S TASK", session_id=squat))
+        await asyncio.sleep(0.2)
+        await squatter.control(squat, Interrupt())
+        await run
+    assert (await store.get_session(squat)).state == squatter_state
+    child_provider = ScriptedProvider([c_text("real answer")])
+    child = Agent(child_provider, store=store)
+    from fsm_agent.types import ToolUseBlock
+    parent = Agent(ScriptedProvider([tool_call_response(ToolUseBlock("call_fixed", "researcher", {"task": "2+2?"}),
+                                                        model="parent-model"), p_text("final")]),
+                   tools=[agent_tool(child, name="researcher", description="r")], store=store)
+    result = await parent.run("go", session_id="p")
+    assert result.stop.reason is StopReason.COMPLETED
+    (msg,) = [m for m in result.messages if m.role == "tool"]
+    assert msg.is_error and msg.metadata["error"] == "sub_agent_session_conflict"
+    assert f"session {squat!r} exists already and was not started by session 'p' by call call_fixed" in msg.text
+    assert child_provider.requests == []  # nothing ran in it
+    assert (await store.get_session(squat)).state == squatter_state
+
+
+async def test_a_child_without_a_known_price_says_the_parent_cost_budget_no_longer_applies() -> None:
+    """Review finding 6 (b): the parent's cost budget silently stopped applying."""
+    store = MemoryStore()
+    child = Agent(ScriptedProvider([text_response("child done", model="unpriced-model")]), store=store)
+    parent = Agent(ScriptedProvider([p_call(("helper", {"task": "t"})), p_text("p")]),
+                   tools=[agent_tool(child, name="helper", description="h")], store=store)
+    result = await parent.run("go", session_id="p", max_cost_usd=0.5)
+    assert result.stop.reason is StopReason.COMPLETED and result.cost_usd is None
+    (warning,) = [e.payload for e in await store.read_events("p", types=("warning",))]
+    child_id = (await store.children("p"))[0].child_id
+    assert warning["kind"] == "cost_unknown" and warning["child_session_id"] == child_id
+    assert "cost budget ($0.5) cannot be enforced" in warning["message"]
+
+
+async def test_a_child_budget_is_capped_at_what_the_parent_has_left() -> None:
+    """Review finding 6 (a): a parent with $0.15 reached $0.70 through a child whose own budget was $1."""
+    register_price("big-model", Price(1.0, 1.0))
+    try:
+        store = MemoryStore()
+        big = Usage(100_000, 0)  # $0.10 a call
+        child_provider = ScriptedProvider([tool_call_response(("noop", {}), usage=big, model="big-model")] * 5
+                                          + [text_response("child done", usage=big, model="big-model")])
+        child = Agent(child_provider, tools=[tool(lambda: "ok", name="noop")], store=store)
+        parent = Agent(ScriptedProvider([tool_call_response(("helper", {"task": "t"}), usage=Usage(50_000, 0),
+                                                            model="big-model"), p_text("p")]),
+                       tools=[agent_tool(child, name="helper", description="h", limits={"max_cost_usd": 1.0})],
+                       store=store)
+        result = await parent.run("go", session_id="p", max_cost_usd=0.15)
+        child_id = (await store.children("p"))[0].child_id
+        child_rec = await store.get_session(child_id)
+        assert child_rec.state == "PAUSED_BUDGET" and "of $0.1000 used" in child_rec.stop["detail"]
+        assert len(child_provider.requests) == 1  # $0.05 + one child call reach the parent's $0.15
+        assert result.stop.reason is StopReason.PAUSED_BUDGET and result.cost_usd == pytest.approx(0.15)
+    finally:
+        PRICES.pop("big-model", None)
+
+
+class AskBeforeSend(Middleware):
+    def __init__(self, allowed: tuple[str, ...] = ("approve", "edit", "reject", "respond")) -> None:
+        self.allowed = allowed
+
+    def on_tool_call(self, call: Any, ctx: Any) -> Any:
+        return AskApproval("needs a person", allowed_decisions=self.allowed) if call.name == "send" else None
+
+
+async def test_a_nested_wait_names_the_call_that_really_waits_and_the_decision_reaches_it(store) -> None:
+    """Review finding 8: the top session said it waited on `inner(...) [sub_agent_waiting]`."""
+    effects = Effects(hold="nobody")
+    grandchild = Agent(ScriptedProvider([c_call(("send", {"to": "zed"})), c_text("gc done")]),
+                       tools=[effects.tool()], middleware=[AskBeforeSend()], store=store)
+    middle = Agent(ScriptedProvider([c_call(("inner", {"task": "mail zed"})), c_text("mid done")]),
+                   tools=[agent_tool(grandchild, name="inner", description="i")], store=store)
+    top = Agent(ScriptedProvider([p_call(("outer", {"task": "delegate"})), p_text("top done")]),
+                tools=[agent_tool(middle, name="outer", description="o")], store=store)
+    first = await top.run("go", session_id="t")
+    assert first.stop.reason is StopReason.WAITING_HUMAN
+    mid_id = (await store.children("t"))[0].child_id
+    gc_id = (await store.children(mid_id))[0].child_id
+    assert (f"sub-agent 'outer' (session {mid_id}) waits for a person: inner → session {gc_id}: "
+            f'send({{"to":"zed"}}) [needs a person]') in first.stop.detail
+    (pending,) = first.stop.pending_actions
+    done = await top.resume("t", decisions={pending.call.id: Decision.approve()})
+    assert done.stop.reason is StopReason.COMPLETED and effects.done == ["zed"]
+
+
+async def test_a_decision_the_waiting_child_does_not_accept_is_refused_at_the_resume(store) -> None:
+    """Review finding 9: a respond to a child call allowing only approve / reject was dropped, and the
+    parent waited again without a word."""
+    effects = Effects(hold="nobody")
+    child = Agent(ScriptedProvider([c_call(("send", {"to": "bob"})), c_text("child done")]),
+                  tools=[effects.tool()], middleware=[AskBeforeSend(("approve", "reject"))], store=store)
+    parent = Agent(ScriptedProvider([p_call(("mailer", {"task": "mail bob"})), p_text("parent done")]),
+                   tools=[agent_tool(child, name="mailer", description="m")], store=store)
+    first = await parent.run("go", session_id="p")
+    (pending,) = first.stop.pending_actions
+    assert pending.allowed_decisions == ("approve", "reject")
+    with pytest.raises(ResumeError, match="allows approve, reject, not 'respond'"):
+        await parent.resume("p", decisions={pending.call.id: Decision.respond("use fax instead")})
+    done = await parent.resume("p", decisions={pending.call.id: Decision.reject("no mail")})
+    assert done.stop.reason is StopReason.COMPLETED and effects.done == []

@@ -58,6 +58,15 @@ def test_sessions_show_lists_the_parent_and_the_tree_of_children(tmp_path: Path)
     assert doc["parent"]["parent_id"] == "top" and [c["child_id"] for c in doc["children"]] == [low]
     code, out = _cli("sessions", "show", low, "--store", str(db))
     assert f"parent: {mid} (agent_tool by call " in out and "children:" not in out
+    # --json has the whole tree the text shows, not one level (review nit)
+    code, out = _cli("sessions", "show", "top", "--store", str(db), "--json")
+    tree = orjson.loads(out)["tree"]
+    assert tree["session_id"] == "top" and tree["link"] is None
+    (m,) = tree["children"]
+    (lo,) = m["children"]
+    assert (m["session_id"], m["state"], m["goal"], m["link"]["kind"]) == (mid, "COMPLETED", "look into it",
+                                                                           "agent_tool")
+    assert (lo["session_id"], lo["goal"], lo["children"], lo["truncated"]) == (low, "dig deeper", [], False)
 
 
 async def test_the_servers_store_wrapper_passes_links_through() -> None:

@@ -68,6 +68,41 @@ async def test_descendants_walk_the_tree_breadth_first(store) -> None:
     assert await descendants(store, "b") == []
 
 
+async def test_link_child_refuses_a_link_that_closes_a_cycle(store) -> None:
+    """Review nit: C -> A closing A -> B -> C was accepted on every store."""
+    from fsm_agent.errors import SessionLinkError
+    from fsm_agent.orchestration.links import link_child
+
+    for sid in ("A", "B", "C", "D"):
+        await store.create_session(SessionRecord(sid, "Idle"))
+    await link_child(store, "A", "B", "agent_tool", call_id="c1")
+    await link_child(store, "B", "C", "worker", call_id="c2")
+    with pytest.raises(SessionLinkError, match="'A' is an ancestor of session 'C'"):
+        await link_child(store, "C", "A", "handoff", call_id="c3")
+    with pytest.raises(SessionLinkError, match="was started by session 'A'"):  # B has its parent
+        await link_child(store, "C", "B", "handoff", call_id="c4")
+    assert await store.parent("A") is None
+    await link_child(store, "C", "D", "handoff", call_id="c5")  # no cycle: fine
+    assert [x.child_id for x in await descendants(store, "A")] == ["B", "C", "D"]
+
+
+async def test_session_tree_cuts_only_the_link_that_closes_a_loop(store) -> None:
+    """Review nit: a node with one already-seen child lost all its children. A loop can only be
+    written around link_child (straight into the store)."""
+    from fsm_agent.orchestration.links import session_tree
+
+    for sid in ("A", "B", "C", "D"):
+        await store.create_session(SessionRecord(sid, "Idle"))
+    await store.link_session(SessionLink("B", "A", "agent_tool", created_at=1.0))
+    await store.link_session(SessionLink("A", "B", "agent_tool", created_at=2.0))  # a loop, by hand
+    await store.link_session(SessionLink("C", "B", "agent_tool", created_at=3.0))
+    await store.link_session(SessionLink("D", "C", "agent_tool", created_at=4.0))
+    tree = await session_tree(store, "A")
+    (b,) = tree.children
+    assert [k.session_id for k in b.children] == ["C"] and b.truncated  # A cut, C kept
+    assert [k.session_id for k in b.children[0].children] == ["D"]
+
+
 def _tables(path: Path) -> set[str]:
     con = sqlite3.connect(path)
     try:
