@@ -183,14 +183,13 @@ class MergeRule(Protocol):
 def _misfit(decision: Any, outcomes: Sequence[WorkerOutcome]) -> str:
     """What is wrong with a merge rule's decision ('' when nothing)."""
     if not isinstance(decision, MergeDecision):
-        return f"the merge rule returned {type(decision).__name__}, not a MergeDecision"
+        return f"returned {type(decision).__name__}, not a MergeDecision"
     done = {o.index for o in outcomes if o.ok}
     wrong = [i for i in decision.use if i not in done]
     if wrong:
-        return (f"the merge rule named worker(s) {wrong} to merge, which did not complete (completed: "
-                f"{sorted(done) or 'none'})")
+        return f"named worker(s) {wrong} to merge, which did not complete (completed: {sorted(done) or 'none'})"
     if decision.ok and not decision.use:
-        return "the merge rule decided to merge, but named no worker to merge"
+        return "decided to merge, but named no worker to merge"
     return ""
 
 
@@ -289,11 +288,15 @@ _HEADER = re.compile(r"\A\d+ worker\(s\) ran; merged: (none|\d+(?:, \d+)*)\.")
 
 
 def _report(outcomes: Sequence[WorkerOutcome], decision: MergeDecision, limit: int = 1500) -> str:
-    merged = ", ".join(str(i) for i in decision.use) or "none"
-    lines = [f"{len(outcomes)} worker(s) ran; merged: {merged}. {decision.detail}. Merge the results marked MERGE "
-             "into one answer to the original task."]
+    """The ``dispatch`` result: a first line naming the merged workers (:data:`_HEADER`), the rule's
+    detail, then each worker; the leader is asked to merge only when the rule merges."""
+    merged = ", ".join(str(i) for i in decision.use) if decision.ok else ""
+    detail = decision.detail.strip().rstrip(".")
+    lines = [f"{len(outcomes)} worker(s) ran; merged: {merged or 'none'}." + (f" {detail}." if detail else "")
+             + (" Merge the results marked MERGE into one answer to the original task." if merged else "")]
     for o in outcomes:
-        head = f"[worker {o.index}] {'MERGE' if o.index in decision.use else 'NOT MERGED'} ({o.stop.value}) {o.task}"
+        mark = "MERGE" if decision.ok and o.index in decision.use else "NOT MERGED"
+        head = f"[worker {o.index}] {mark} ({o.stop.value}) {o.task}"
         if o.ok:
             text = o.output.strip()
             lines.append(f"{head}\n{text[:limit]}{'...' if len(text) > limit else ''}")
@@ -522,10 +525,10 @@ class Team:
                 decision = self.merge(outcomes)
                 problem = _misfit(decision, outcomes)
             except Exception as e:  # noqa: BLE001 - the rule's failure is the team's, typed
-                decision, problem = MergeDecision(False), f"the merge rule raised {type(e).__name__}: {e}"
+                decision, problem = MergeDecision(False), f"raised {type(e).__name__}: {e}"
             if problem:
-                raise ToolError(f"{_rule_name(self.merge)}: {problem}\n\n" + _report(outcomes, decision, 300),
-                                kind="merge_rule")
+                raise ToolError(f"the merge rule {_rule_name(self.merge)} {problem}\n\n"
+                                + _report(outcomes, MergeDecision(False), 300), kind="merge_rule")
             if not decision.ok:
                 raise ToolError(decision.detail + "\n\n" + _report(outcomes, decision, 300), kind="merge_rule")
             return _report(outcomes, decision)

@@ -41,8 +41,10 @@ async def test_every_child_stop_has_a_row_with_the_real_error_kind(reason: StopR
         assert reason is StopReason.COMPLETED and row[2] == "—"
 
 
-@pytest.mark.parametrize("kind", ["invalid_arguments", "invalid_handoff", "handoff_limit", "handoff_failed",
-                                  "handoff_waiting", "merge_rule", "verification_failed", "workers_waiting",
-                                  "sub_agent_waiting"])
+@pytest.mark.parametrize("kind", ["invalid_arguments", "invalid_handoff", "handoff_limit", "handoff_interrupted",
+                                  "handoff_paused_budget", "handoff_failed_retryable", "handoff_session_conflict",
+                                  "handoff_waiting", "merge_rule", "dispatch_failed", "verification_failed",
+                                  "workers_waiting", "workers_interrupted", "workers_not_driven", "sub_agent_waiting",
+                                  "sub_agent_session_conflict", "cost_unknown"])
 def test_every_error_kind_and_reason_is_named(kind: str) -> None:
     assert re.search(rf"`{kind}`", DOC), kind

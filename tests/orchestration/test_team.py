@@ -385,7 +385,8 @@ async def test_a_merge_rule_that_raises_ends_the_team_and_never_splits_again() -
     team = Team(Agent(leader_p, store=store), Agent(effects.provider, tools=[effects.tool], store=store), merge=broken)
     result = await team.run("go", session_id="L")
     assert result.stop.reason is StopReason.FAILED_TERMINAL and result.stop.error["kind"] == "merge_rule"
-    assert "the merge rule raised KeyError: 'oops in my merge rule'" in result.stop.detail
+    assert "the merge rule test_a_merge_rule_that_raises_ends_the_team_and_never_splits_again.<locals>.broken raised "\
+        "KeyError: 'oops in my merge rule'" in result.stop.detail
     assert sorted(effects.done) == ["ann", "bob"] and asked == [2]
     assert len(await store.children("L")) == 2 and len(leader_p.requests) == 1
 
