@@ -56,6 +56,7 @@ from .links import claim_child
 
 __all__ = [
     "CHILD_OF",
+    "Children",
     "Counted",
     "cancel_child",
     "checked_limits",
@@ -63,6 +64,7 @@ __all__ = [
     "compensate_by_cancelling",
     "drive_child",
     "first_of_turn",
+    "forwardable",
     "roll_up",
     "stored_result",
     "waiting_on",
@@ -459,7 +461,8 @@ async def cancel_child(agent: Agent, child_id: str, reason: str, *, confirm: boo
     stopped = _terminal(rec.state)
     if stopped is not None and not stopped.resumable:
         return stopped
-    if confirm and stopped is StopReason.WAITING_HUMAN and (rec.stop or {}).get("required_decision") == "confirm_cancel":
+    awaits_confirmation = (rec.stop or {}).get("required_decision") == "confirm_cancel"
+    if confirm and stopped is StopReason.WAITING_HUMAN and awaits_confirmation:
         return (await _resume_when_free(agent, child_id, confirm_cancel=True)).stop.reason
     text = reason or Cancel().reason
     await agent.store.push_control(ControlRecord(child_id, ControlKind.CANCEL, text))
@@ -467,8 +470,11 @@ async def cancel_child(agent: Agent, child_id: str, reason: str, *, confirm: boo
     return result.stop.reason
 
 
-def compensate_by_cancelling(tool: Tool, children: Callable[[Mapping[str, Any], ToolContext], Sequence[tuple[Agent, str]]],
-                             reason: str) -> None:
+Children = Callable[[Mapping[str, Any], ToolContext], Sequence[tuple[Agent, str]]]
+"""``(arguments, ctx) -> [(agent, child session id), ...]``: the children of a call."""
+
+
+def compensate_by_cancelling(tool: Tool, children: Children, reason: str) -> None:
     """Give ``tool`` its ``on_compensate`` hook: a Cancel of the parent cancels each child of the call
     (``children(arguments, ctx)``: ``(agent, child session id)`` pairs) under the child's own rules
     (:func:`cancel_child`). The call counts as undone when a child was cancelled and none is left

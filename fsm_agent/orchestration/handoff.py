@@ -53,13 +53,21 @@ from ..agent import Agent, drain_on_signals
 from ..errors import ConfigurationError, ResumeError, SessionLinkError, StopRun, ToolError
 from ..machine.context import RunContext
 from ..middleware import Complete, Deny, Middleware, Ordering
-from ..store.base import LinkKind
+from ..store.base import LinkKind, SessionLink
 from ..tools.registry import Tool, ToolContext, ToolEffect
 from ..types.content import ToolUseBlock, _tuple
 from ..types.messages import Message, ToolResultMessage, Usage
 from ..types.plan import one_line
 from ..types.run import RunResult, RunStop, StopReason
-from ._child import checked_limits, child_answer, compensate_by_cancelling, drive_child, first_of_turn, stored_result
+from ._child import (
+    CHILD_OF,
+    checked_limits,
+    child_answer,
+    compensate_by_cancelling,
+    drive_child,
+    first_of_turn,
+    stored_result,
+)
 from .links import child_session_id
 
 __all__ = ["PACKAGE_SCHEMA", "HandoffResult", "HandoffStep", "Handoffs", "RecoveryPackage"]
@@ -112,7 +120,8 @@ class RecoveryPackage:
         """
         pkg = cls(one_line(str(arguments.get("goal", ""))),
                   [one_line(str(x)) for x in arguments.get("verified_facts", ())],
-                  [one_line(str(x)) for x in arguments.get("open_actions", ())], one_line(str(arguments.get("summary", ""))))
+                  [one_line(str(x)) for x in arguments.get("open_actions", ())],
+                  one_line(str(arguments.get("summary", ""))))
         problems = [f"{name} is blank" for name in ("goal", "summary") if not getattr(pkg, name)]
         problems += [f"{name}[{i}] is blank" for name in ("verified_facts", "open_actions")
                      for i, x in enumerate(getattr(pkg, name)) if not x]
@@ -343,8 +352,9 @@ class Handoffs:
         The first session: resumed with ``kwargs`` (``Agent.resume`` arguments: ``decisions`` for its
         pending handoff call, ``confirm_cancel`` ...); its open handoff call runs again and continues
         the agent that was working. A successor: resumed first with ``kwargs`` (its own
-        ``decisions``, a larger budget for one that stopped PAUSED_BUDGET: ``max_iterations=20`` ...),
-        then the chain's first session, which takes the successor's result. Nothing finished runs again.
+        ``decisions``, a larger budget for one that stopped PAUSED_BUDGET: ``max_iterations=20`` ...;
+        one that has finished already is not), then the chain's first session, which takes the
+        successor's result. Nothing finished runs again.
 
         Raises:
             ResumeError: an unknown session, one this chain did not start, or one that cannot be resumed.
@@ -371,6 +381,17 @@ class Handoffs:
                               "these agents")
         return await self._result(await self.agents[name].resume(first))
 
+    async def _took_over(self, session_id: str, link: SessionLink) -> bool:
+        """Whether the handoff ``link`` of ``session_id`` is part of the chain: its session was started
+        by that call (not a session squatting its id), and no person refused the call (a ``reject``
+        or ``respond`` gave the predecessor its turn back)."""
+        rec = await self.store.get_session(link.child_id)
+        if rec is None or (rec.metadata or {}).get(CHILD_OF) != {"session": session_id, "call": link.call_id}:
+            return False
+        entry = (await self.store.ledger(session_id)).get(link.call_id or "")
+        decided = ((entry.result or {}).get("metadata") or {}).get("decision") if entry is not None else None
+        return decided not in ("reject", "respond")
+
     async def _result(self, first: RunResult) -> HandoffResult:
         rec = await self.store.get_session(first.session_id)
         steps = [HandoffStep(str((rec.metadata if rec else {}).get("handoff_agent", "")), first.session_id,
@@ -379,7 +400,7 @@ class Handoffs:
         sid = first.session_id
         while True:
             links = [x for x in await self.store.children(sid) if x.kind == LinkKind.HANDOFF.value]
-            if not links:
+            if not links or not await self._took_over(sid, links[-1]):
                 break
             link = links[-1]
             found = await stored_result(self.agents[str(link.metadata.get("to"))], link.child_id)

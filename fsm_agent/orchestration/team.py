@@ -346,8 +346,8 @@ class _TeamControl(Middleware):
         if resp is None:
             return None
         call = first_of_turn(ctx, (DISPATCH,))
-        result = None if call is None else next(
-            (m for m in reversed(ctx.transcript) if isinstance(m, ToolResultMessage) and m.tool_call_id == call.id), None)
+        result = None if call is None else next((m for m in reversed(ctx.transcript)
+                                                 if isinstance(m, ToolResultMessage) and m.tool_call_id == call.id), None)
         if result is not None and result.is_error:
             kind = (result.metadata or {}).get("error")
             if kind == "merge_rule":
@@ -555,8 +555,8 @@ class Team:
                 parts.append(f"worker {o.index} (session {o.session_id}): "
                              + await waiting_on(self.store, o.session_id, stop))
             allowed = forwardable(stops)
-            raise WaitForHuman("workers wait for a person: " + "; ".join(parts) + ". The decision (" + ", ".join(allowed)
-                               + ") is passed on to each call they wait on", reason="workers_waiting",
+            raise WaitForHuman(f"workers wait for a person: {'; '.join(parts)}. The decision ({', '.join(allowed)}) "
+                               "is passed on to each call they wait on", reason="workers_waiting",
                                allowed_decisions=allowed, run_on_reject=True)
         cut = [o for o in outcomes if o.stop is StopReason.INTERRUPTED]
         if cut:

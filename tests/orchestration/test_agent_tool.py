@@ -422,7 +422,8 @@ async def test_an_interrupt_leaves_the_child_open_though_another_call_of_the_bat
         return p_text("done")
 
     parent = Agent(ScriptedProvider([parent_script], repeat_last=True),
-                   tools=[agent_tool(child, name="mailer", description="Mail."), lookup], store=store, control_poll=0.02)
+                   tools=[agent_tool(child, name="mailer", description="Mail."), lookup], store=store,
+                   control_poll=0.02)
     run = asyncio.ensure_future(parent.run("go", session_id="p"))
     await asyncio.wait_for(effects.entered.wait(), 10)
     await parent.control("p", Interrupt("pause"))

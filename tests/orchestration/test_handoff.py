@@ -180,6 +180,19 @@ async def test_a_successor_paused_on_its_budget_leaves_the_chain_resumable(store
     assert done.usage.input_tokens == 10 * (1 + 3)  # every call of the chain, the successor's later ones too
 
 
+async def test_a_person_who_rejects_the_open_handoff_gives_the_predecessor_its_turn_back() -> None:
+    store = MemoryStore()
+    chain = Handoffs({"triage": Agent(ScriptedProvider([handoff("billing"), "triage finished itself"]), store=store),
+                      "billing": Agent(ScriptedProvider([tool_call_response(("noop", {}))]),
+                                       tools=[tool(lambda: "x", name="noop")], store=store)},
+                     limits={"billing": {"max_iterations": 1}})
+    first = await chain.run("help", start="triage", session_id="t")
+    (pending,) = first.stop.pending_actions
+    done = await chain.resume("t", decisions={pending.call.id: Decision.reject("no handoff")})
+    assert done.stop.reason is StopReason.COMPLETED and done.output == "triage finished itself"
+    assert [s.agent for s in done.chain] == ["triage"]  # the refused successor is not part of the chain
+
+
 async def test_a_successor_resumed_directly_is_taken_by_the_chain_later() -> None:
     store = MemoryStore()
     billing_p = ScriptedProvider([tool_call_response(("noop", {})), "billing done"])
@@ -210,8 +223,8 @@ async def test_a_successor_interrupted_from_outside_is_continued_not_handed_over
         sent.append(to)
         return f"sent {to}"
 
-    billing_p = ScriptedProvider([tool_call_response(("send", {"to": "ann"})), tool_call_response(("send", {"to": "bob"})),
-                                  "both handled"])
+    billing_p = ScriptedProvider([tool_call_response(("send", {"to": "ann"})),
+                                  tool_call_response(("send", {"to": "bob"})), "both handled"])
     triage_p = ScriptedProvider([handoff("billing")], repeat_last=True)  # would hand over again if asked
     chain = Handoffs({"triage": Agent(triage_p, store=store, control_poll=0.02),
                       "billing": Agent(billing_p, tools=[send], store=store, control_poll=0.02)})
@@ -233,7 +246,8 @@ async def test_a_successor_interrupted_from_outside_is_continued_not_handed_over
 
 async def test_resuming_an_unknown_or_foreign_session_says_so() -> None:
     store = MemoryStore()
-    chain = Handoffs({"a": Agent(ScriptedProvider(["x"]), store=store), "b": Agent(ScriptedProvider(["y"]), store=store)})
+    chain = Handoffs({"a": Agent(ScriptedProvider(["x"]), store=store),
+                      "b": Agent(ScriptedProvider(["y"]), store=store)})
     with pytest.raises(ResumeError, match="unknown session 'nope'"):
         await chain.resume("nope")
     await Agent(ScriptedProvider(["z"]), store=store).run("other", session_id="other")
