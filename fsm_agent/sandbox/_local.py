@@ -3,19 +3,27 @@
 A run, for :class:`~fsm_agent.sandbox.bubblewrap.BubblewrapSandbox` and
 :class:`~fsm_agent.sandbox.subprocess.SubprocessSandbox` alike:
 
-1. take a free uid from the pool (one run per dedicated uid at a time in this process, whichever
-   sandbox object asks: ``RLIMIT_NPROC`` counts every process of a uid, so concurrent runs must not
-   share one; other processes must use other uids);
-2. create the work dir (``mkdtemp``, then owned by that uid, mode 0700), write ``files`` into it,
-   and note what is there;
+1. take a free dedicated uid (as root): an exclusive ``flock`` on
+   ``LOCK_DIR/uid-<uid>.lock``, held for the whole call, so two calls never run as one uid at once,
+   whichever sandbox object or OS process asks (``RLIMIT_NPROC`` counts every process of a uid,
+   and the subprocess sandbox kills all of them after each call). The lock file says while a call
+   runs; a taker that finds it saying so knows its holder died mid-call and first kills what still
+   runs as the uid, removes that call's work dir and the uid's files in the world-writable
+   directories;
+2. create the work dir: a root-owned directory (mode 0711) holding ``work``, owned by the uid
+   (mode 0700), so the code cannot rename its work dir or put a link in its place; write ``files``
+   into it and note what is there; every later look at it goes through a descriptor of the
+   root-owned directory and never follows a link;
 3. spawn the launcher chain with :func:`asyncio.create_subprocess_exec` in a new session (no
    ``preexec_fn``: the parent is a threaded asyncio process); the seccomp program and the result pipe
    are passed as inherited fds (``pass_fds``), the code goes in on stdin;
-4. read stdout, stderr and the result pipe concurrently, each capped; on the wall-clock limit kill
-   the process group; then kill whatever the uid still runs (the subprocess sandbox, which has no PID
-   namespace) and wait until nothing of that uid is left;
-5. compare the work dir with step 2 (``lstat`` only: no link is followed, no fifo opened), remove it
-   unless asked to keep it, and give the uid back.
+4. read stdout, stderr and the result pipe concurrently, each capped (a run that floods stdout or
+   stderr is killed); on the wall-clock limit kill the process group; then kill whatever the uid
+   still runs (the subprocess sandbox, which has no PID namespace) and wait until nothing of that uid
+   is left;
+5. compare the work dir with step 2, remove it (or, kept, hand every entry to root), remove what the
+   uid left in the world-writable directories (when the sandbox cannot keep it from writing there),
+   and give the uid back.
 
 Cancelling a run kills its processes, removes its work dir and frees its uid before the
 ``CancelledError`` propagates.
@@ -26,19 +34,23 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import fcntl
 import hashlib
+import json
 import logging
 import os
 import posixpath
+import secrets
 import shutil
 import signal
 import stat
+import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 import orjson
@@ -46,6 +58,7 @@ import orjson
 from ._seccomp import seccomp_available, seccomp_program
 from .base import (
     LIMIT_NAMES,
+    OUTPUT_KILL_FACTOR,
     CodeError,
     ExecutionResult,
     FileChange,
@@ -56,11 +69,14 @@ from .base import (
     SandboxError,
     SandboxInputError,
     SandboxUnavailableError,
+    check_timeout,
 )
 
-__all__ = ["DEFAULT_UIDS", "LocalSandbox", "SELF_TEST", "processes_of"]
+__all__ = ["DEFAULT_UIDS", "LOCK_DIR", "LocalSandbox", "SELF_TEST", "processes_of"]
 
 log = logging.getLogger("fsm_agent.sandbox")
+
+T = TypeVar("T")
 
 DEFAULT_UIDS: range = range(2_100_000_000, 2_100_000_004)
 """The dedicated uids (numeric; no passwd entry is needed) a sandbox run as root switches to, one per
@@ -68,19 +84,32 @@ concurrent run. Pick others (``uids=``) when these are used on your machine: not
 them, since every process of such a uid counts against the run's process limit and is killed after
 the subprocess sandbox's runs."""
 
+MAX_UID = 2**31 - 2
+"""The largest uid accepted (bwrap and setpriv take signed 32-bit ids; ``2**31 - 1`` is reserved)."""
+
+LOCK_DIR = "/run/fsm-agent-sandbox"
+"""Where the per-uid lock files live (root-owned, mode 0700; created on first use). A lock is held
+for the whole of a call, across every process of the machine."""
+
 BUSY_UIDS: set[int] = set()
-"""The dedicated uids running a call in this process, whichever sandbox object took them: two sandboxes
-configured with the same uids never run as one of them at once (``RLIMIT_NPROC`` would count both,
-and the subprocess sandbox's clean-up would kill the other's processes)."""
+"""The dedicated uids this process holds the lock of (a call runs as each)."""
 _BUSY_LOCK = threading.Lock()
 
 MAX_CODE_BYTES = 1024 * 1024
 """The largest source accepted, bytes."""
 _MAX_ENTRIES = 10_000
+_MAX_DEPTH = 64
 _MAX_CHANGES = 1_000
 _HASH_BUDGET = 256 * 1024 * 1024
 _RUNNER = (Path(__file__).with_name("_runner.py")).read_text()
 _STARTED = b"S"
+_STATUS = b"M"
+_WORK = "work"
+SWEPT_DIRS: tuple[str, ...] = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock", "/dev/mqueue")
+"""World-writable directories from which the uid's entries are removed after a call, when the sandbox
+cannot keep the code from writing there (the subprocess sandbox without Landlock), and after a
+crashed call."""
+_INT_RANGE = (-(2**63), 2**64 - 1)
 
 SELF_TEST = r'''
 import os, resource, socket
@@ -94,11 +123,12 @@ facts["seccomp"] = status.get("Seccomp")
 facts["no_new_privs"] = status.get("NoNewPrivs")
 facts["cap_eff"] = status.get("CapEff")
 facts["cap_bnd"] = status.get("CapBnd")
-try:
-    socket.socket(socket.AF_INET, socket.SOCK_STREAM).close()
-    facts["inet_socket"] = "allowed"
-except OSError as exc:
-    facts["inet_socket"] = f"refused: {exc.strerror}"
+for name, family in (("inet_socket", socket.AF_INET), ("unix_socket", socket.AF_UNIX)):
+    try:
+        socket.socket(family, socket.SOCK_STREAM).close()
+        facts[name] = "allowed"
+    except OSError as exc:
+        facts[name] = f"refused: {exc.strerror}"
 try:
     facts["interfaces"] = [l.split(":")[0].strip() for l in open("/proc/self/net/dev").read().splitlines()[2:]]
 except OSError as exc:
@@ -107,12 +137,24 @@ limits = {}
 for name in ("RLIMIT_AS", "RLIMIT_CPU", "RLIMIT_NPROC", "RLIMIT_FSIZE", "RLIMIT_NOFILE", "RLIMIT_CORE"):
     limits[name] = list(resource.getrlimit(getattr(resource, name)))
 facts["rlimits"] = limits
-facts["writable"] = [p for p in ("/", "/etc", "/usr", "/var", "/var/tmp", "/tmp", "/dev", "/dev/shm", "/root", "/home")
-                     if os.path.isdir(p) and os.access(p, os.W_OK)]
+writable = []
+for p in ("/", "/etc", "/usr", "/var", "/var/tmp", "/tmp", "/dev", "/dev/shm", "/root", "/home", "/run", "/run/lock",
+          "/opt", "/srv", "/mnt"):
+    probe = f"{p.rstrip('/')}/.fsm-sandbox-probe-{os.getpid()}"
+    try:
+        os.close(os.open(probe, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+    except OSError:
+        continue
+    writable.append(p)
+    try:
+        os.unlink(probe)
+    except OSError:
+        pass
+facts["writable"] = writable
 facts["visible"] = [p for p in ("/etc/passwd", "/etc/shadow", "/root", "/home", "/proc/1/environ")
                     if os.path.exists(p)]
 readable = []
-for p in ("/etc/shadow", "/etc/passwd", "/proc/1/environ"):
+for p in ("/etc/shadow", "/etc/passwd", "/etc/hostname", "/proc/1/cmdline"):
     try:
         with open(p, "rb") as fh:
             fh.read(1)
@@ -120,6 +162,21 @@ for p in ("/etc/shadow", "/etc/passwd", "/proc/1/environ"):
     except OSError:
         pass
 facts["readable"] = readable
+try:
+    os.close(os.memfd_create("fsm-sandbox-probe"))
+    facts["memfd"] = "allowed"
+except OSError as exc:
+    facts["memfd"] = f"refused: {exc.strerror}"
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+shmid = libc.shmget(0, 4096, 0o1600)
+if shmid >= 0:
+    libc.shmctl(shmid, 0, None)
+    facts["sysv_shm"] = "allowed"
+else:
+    facts["sysv_shm"] = f"refused: {os.strerror(ctypes.get_errno())}"
+libc.syscall.restype = ctypes.c_long
+facts["landlock_abi"] = max(0, libc.syscall(444, None, ctypes.c_size_t(0), ctypes.c_uint32(1)))
 facts
 '''
 """The self-test :meth:`LocalSandbox.start` runs inside the sandbox; its facts decide the guarantees."""
@@ -150,6 +207,27 @@ def processes_of(uid: int) -> list[int]:
     return found
 
 
+def fs_type(path: str) -> str:
+    """The filesystem type (``ext4``, ``tmpfs`` ...) holding ``path``, from ``/proc/self/mountinfo``;
+    ``""`` when unknown."""
+    real = os.path.realpath(path)
+    best, kind = "", ""
+    try:
+        with open("/proc/self/mountinfo") as fh:
+            for line in fh:
+                left, _, right = line.partition(" - ")
+                fields = left.split()
+                if len(fields) < 5 or not right:
+                    continue
+                point = fields[4].replace("\\040", " ")
+                inside = real == point or real.startswith(point.rstrip("/") + "/")
+                if inside and len(point) >= len(best):
+                    best, kind = point, right.split()[0]
+    except OSError:
+        return ""
+    return kind
+
+
 def _check_files(files: Mapping[str, bytes | str] | None) -> list[tuple[str, bytes]]:
     out: list[tuple[str, bytes]] = []
     for path, content in (files or {}).items():
@@ -176,37 +254,90 @@ def _check_code(code: Any) -> bytes:
     return data
 
 
+async def _settle(fut: asyncio.Future[T]) -> T:
+    """Await ``fut`` (a job in a thread) to its end even when cancelled meanwhile, then re-raise the
+    cancellation: a job that touches the run's descriptors or its uid must never outlive its caller."""
+    cancelled: BaseException | None = None
+    while not fut.done():
+        try:
+            await asyncio.wait({fut})
+        except asyncio.CancelledError as exc:
+            cancelled = exc
+    if cancelled is not None:
+        if not fut.cancelled():
+            fut.exception()  # retrieved: no "never retrieved" warning
+        raise cancelled
+    return fut.result()
+
+
+async def _in_thread(fn: Callable[..., T], *args: Any) -> T:
+    return await _settle(asyncio.ensure_future(asyncio.to_thread(fn, *args)))
+
+
 # -- the work dir ---------------------------------------------------------------------------------
 Entry = tuple[str, int, str | None]
 """(kind, size, sha256) of a work dir entry."""
 
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
-def _walk(root: str) -> Iterator[tuple[str, os.stat_result]]:
-    """Every entry under ``root`` as (relative path, lstat), iteratively (no recursion limit), never
-    following a link."""
-    stack = [""]
-    while stack:
-        rel = stack.pop()
-        try:
-            with os.scandir(os.path.join(root, rel) if rel else root) as it:
-                entries = list(it)
-        except OSError:
-            continue
-        for e in entries:
-            path = f"{rel}/{e.name}" if rel else e.name
+
+def _walk(top: int, max_entries: int = _MAX_ENTRIES) -> Iterator[tuple[str, os.stat_result, int, str]]:
+    """Every entry under the directory ``top`` (a descriptor) as (relative path, lstat, the
+    descriptor of its directory, its name), depth first, streamed: never following a link, opening
+    each directory relative to its parent's descriptor (``O_NOFOLLOW``), at most ``max_entries``
+    entries and :data:`_MAX_DEPTH` levels. Raises :class:`_Truncated` (after the entries it yielded)
+    when it stopped at a cap."""
+    first = os.open(".", _DIR_FLAGS, dir_fd=top)
+    stack: list[tuple[str, int, Any]] = [("", first, os.scandir(first))]
+    count = 0
+    cut = False
+    try:
+        while stack:
+            rel, fd, it = stack[-1]
+            entry = next(it, None)
+            if entry is None:
+                it.close()
+                os.close(fd)
+                stack.pop()
+                continue
+            count += 1
+            if count > max_entries:
+                cut = True
+                break
+            path = f"{rel}/{entry.name}" if rel else entry.name
             try:
-                st = e.stat(follow_symlinks=False)
+                st = entry.stat(follow_symlinks=False)
             except OSError:
                 continue
+            yield path, st, fd, entry.name
             if stat.S_ISDIR(st.st_mode):
-                stack.append(path)
-            else:
-                yield path, st
+                if len(stack) >= _MAX_DEPTH:
+                    cut = True
+                    continue
+                try:
+                    sub = os.open(entry.name, _DIR_FLAGS, dir_fd=fd)
+                except OSError:
+                    continue
+                try:
+                    stack.append((path, sub, os.scandir(sub)))
+                except OSError:
+                    os.close(sub)
+    finally:
+        for _, fd, it in stack:
+            it.close()
+            with contextlib.suppress(OSError):
+                os.close(fd)
+    if cut:
+        raise _Truncated
 
 
-def _sha256(path: str, budget: list[int]) -> str | None:
+class _Truncated(Exception):
+    pass
+
+
+def _sha256(dir_fd: int, name: str, budget: list[int]) -> str | None:
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
     except OSError:
         return None
     try:
@@ -223,21 +354,30 @@ def _sha256(path: str, budget: list[int]) -> str | None:
         os.close(fd)
 
 
-def _snapshot(root: str) -> tuple[dict[str, Entry], bool]:
+def _snapshot(outer_fd: int) -> tuple[dict[str, Entry], bool]:
+    """What the work dir (``work`` under the root-owned ``outer_fd``) holds, and whether the listing
+    was cut at a cap."""
     out: dict[str, Entry] = {}
     budget = [_HASH_BUDGET]
-    truncated = False
-    for i, (rel, st) in enumerate(_walk(root)):
-        if i >= _MAX_ENTRIES:
-            truncated = True
-            break
-        if stat.S_ISREG(st.st_mode):
-            out[rel] = ("file", st.st_size, _sha256(os.path.join(root, rel), budget))
-        elif stat.S_ISLNK(st.st_mode):
-            out[rel] = ("symlink", st.st_size, None)
-        else:
-            out[rel] = ("other", st.st_size, None)
-    return out, truncated
+    try:
+        top = os.open(_WORK, _DIR_FLAGS, dir_fd=outer_fd)
+    except OSError:
+        return out, False
+    try:
+        for rel, st, dir_fd, name in _walk(top):
+            if stat.S_ISDIR(st.st_mode):
+                continue
+            if stat.S_ISREG(st.st_mode):
+                out[rel] = ("file", st.st_size, _sha256(dir_fd, name, budget))
+            elif stat.S_ISLNK(st.st_mode):
+                out[rel] = ("symlink", st.st_size, None)
+            else:
+                out[rel] = ("other", st.st_size, None)
+    except _Truncated:
+        return out, True
+    finally:
+        os.close(top)
+    return out, False
 
 
 def _diff(before: dict[str, Entry], after: dict[str, Entry]) -> list[FileChange]:
@@ -255,24 +395,218 @@ def _diff(before: dict[str, Entry], after: dict[str, Entry]) -> list[FileChange]
 
 
 def _remove(path: str) -> None:
+    """Remove a tree without following links, streaming (the parent's memory does not grow with the
+    number of entries); ``rm -rf`` for a tree deeper than :data:`_MAX_DEPTH` levels."""
     try:
-        shutil.rmtree(path)
-    except (OSError, RecursionError):
-        rm = shutil.which("rm")
-        if rm:
-            import subprocess
+        if _remove_tree(path):
+            return
+    except FileNotFoundError:
+        return
+    except OSError:
+        pass
+    rm = shutil.which("rm")
+    if rm:
+        subprocess.run([rm, "-rf", "--one-file-system", "--", path], check=False, capture_output=True)
 
-            subprocess.run([rm, "-rf", "--one-file-system", "--", path], check=False, capture_output=True)
+
+def _remove_tree(path: str) -> bool:
+    """Remove ``path`` through directory descriptors (``O_NOFOLLOW``; a link is removed, never
+    followed); ``False`` when it is deeper than :data:`_MAX_DEPTH` levels (the rest is left)."""
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode):
+        os.unlink(path)
+        return True
+    parent_fd = os.open(os.path.dirname(path) or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    stack = [os.open(os.path.basename(path), _DIR_FLAGS, dir_fd=parent_fd)]
+    names = [os.path.basename(path)]
+    try:
+        while stack:
+            fd = stack[-1]
+            with contextlib.suppress(OSError):
+                os.fchmod(fd, 0o700)  # code may have taken its own rights away (not root: they bind)
+            sub = -1
+            with os.scandir(fd) as it:
+                for entry in it:
+                    try:
+                        if entry.is_dir(follow_symlinks=False):
+                            sub = os.open(entry.name, _DIR_FLAGS, dir_fd=fd)
+                            names.append(entry.name)
+                            break
+                        os.unlink(entry.name, dir_fd=fd)
+                    except FileNotFoundError:
+                        continue
+            if sub >= 0:
+                stack.append(sub)
+                if len(stack) > _MAX_DEPTH:
+                    return False
+                continue
+            os.close(stack.pop())
+            os.rmdir(names.pop(), dir_fd=stack[-1] if stack else parent_fd)
+        return True
+    finally:
+        for fd in stack:
+            os.close(fd)
+        os.close(parent_fd)
+
+
+def _copy_in_place(dir_fd: int, name: str) -> None:
+    """Replace the hard-linked file ``name`` by a copy of its own (so that changing it never changes
+    the other link's file)."""
+    tmp = f".fsm-copy-{secrets.token_hex(6)}"
+    src = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
+    try:
+        dst = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dir_fd)
+        try:
+            while chunk := os.read(src, 1 << 20):
+                os.write(dst, chunk)
+        finally:
+            os.close(dst)
+    finally:
+        os.close(src)
+    os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+
+
+def _hand_to_root(outer_fd: int) -> None:
+    """A kept work dir becomes the caller's: every entry owned by root, no set-id bits, nothing
+    writable by group or others, the top mode 0700 (so no later run, of any uid, reaches it). A
+    regular file with more than one link is replaced by a copy first (the other link may be a host
+    file the code could link to). Symlinks stay symlinks (never followed here; the caller must not
+    follow them either)."""
+    top = os.open(_WORK, _DIR_FLAGS, dir_fd=outer_fd)
+    try:
+        try:
+            for _, st, dir_fd, name in _walk(top, max_entries=10 * _MAX_ENTRIES):
+                if stat.S_ISLNK(st.st_mode):
+                    os.chown(name, 0, 0, dir_fd=dir_fd, follow_symlinks=False)
+                    continue
+                if stat.S_ISREG(st.st_mode) and st.st_nlink > 1:
+                    _copy_in_place(dir_fd, name)
+                # no process of the uid runs any more and no other uid can reach the tree: the entry
+                # checked by lstat above is still what the name holds
+                os.chown(name, 0, 0, dir_fd=dir_fd, follow_symlinks=False)
+                mode = stat.S_IMODE(st.st_mode) & ~(stat.S_ISUID | stat.S_ISGID | stat.S_IWGRP | stat.S_IWOTH)
+                os.chmod(name, mode, dir_fd=dir_fd)
+        except _Truncated:
+            pass  # the rest stays owned by the uid, under a top no one else can enter
+        os.fchown(top, 0, 0)
+        os.fchmod(top, 0o700)
+    finally:
+        os.close(top)
+
+
+def _sweep(uid: int, extra: Sequence[str] = ()) -> list[str]:
+    """Remove the top-level entries owned by ``uid`` in the world-writable directories (what a call
+    of the subprocess sandbox without Landlock can leave behind); return what was removed."""
+    removed = []
+    for d in (*SWEPT_DIRS, *extra):
+        try:
+            dfd = os.open(d, _DIR_FLAGS)
+        except OSError:
+            continue
+        try:
+            with os.scandir(dfd) as it:
+                names = [e.name for e in it if _owned(e, uid)]
+            for name in names:
+                try:
+                    st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+                    if st.st_uid != uid:
+                        continue
+                    if stat.S_ISDIR(st.st_mode):
+                        shutil.rmtree(name, dir_fd=dfd)
+                    else:
+                        os.unlink(name, dir_fd=dfd)
+                    removed.append(f"{d}/{name}")
+                except OSError:
+                    continue
+        finally:
+            os.close(dfd)
+    return removed
+
+
+def _owned(entry: os.DirEntry[str], uid: int) -> bool:
+    try:
+        return entry.stat(follow_symlinks=False).st_uid == uid
+    except OSError:
+        return False
+
+
+# -- the uid locks --------------------------------------------------------------------------------
+@attrs.define
+class _Slot:
+    """A dedicated uid this process holds the lock of, and the lock file's descriptor."""
+
+    uid: int
+    fd: int
+    previous: dict[str, Any] | None
+    """What the lock file said when taken: ``None`` (clean) or the dead holder's note."""
+
+    def note(self, workdir: str | None) -> None:
+        """Say in the lock file that a call runs (and where its work dir is)."""
+        data = json.dumps({"pid": os.getpid(), "workdir": workdir}).encode()
+        os.ftruncate(self.fd, 0)
+        os.pwrite(self.fd, data, 0)
+
+    def release(self) -> None:
+        with contextlib.suppress(OSError):
+            os.ftruncate(self.fd, 0)
+        with contextlib.suppress(OSError):
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+        with contextlib.suppress(OSError):
+            os.close(self.fd)
+        with _BUSY_LOCK:
+            BUSY_UIDS.discard(self.uid)
+
+
+def _lock_dir() -> str:
+    os.makedirs(LOCK_DIR, mode=0o700, exist_ok=True)
+    st = os.lstat(LOCK_DIR)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or stat.S_IMODE(st.st_mode) & 0o022:
+        raise SandboxUnavailableError(f"the sandbox's lock directory {LOCK_DIR!r} must be a directory owned by uid "
+                                      f"{os.geteuid()} that no one else may write; remove it and retry")
+    return LOCK_DIR
+
+
+def _try_lock(uid: int) -> _Slot | None:
+    """The lock of ``uid`` if free (non-blocking), else ``None``."""
+    path = os.path.join(_lock_dir(), f"uid-{uid}.lock")
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    except BaseException:
+        os.close(fd)
+        raise
+    try:
+        data = os.pread(fd, 4096, 0)
+    except OSError:
+        data = b""
+    previous: dict[str, Any] | None = None
+    if data.strip():
+        try:
+            loaded = json.loads(data)
+            previous = loaded if isinstance(loaded, dict) else {}
+        except ValueError:
+            previous = {}
+    with _BUSY_LOCK:
+        BUSY_UIDS.add(uid)
+    return _Slot(uid, fd, previous)
 
 
 # -- reading capped streams -----------------------------------------------------------------------
-async def _drain(reader: asyncio.StreamReader, cap: int) -> tuple[bytes, int]:
+async def _drain(reader: asyncio.StreamReader, cap: int, ceiling: int | None = None,
+                 flood: Callable[[], None] | None = None) -> tuple[bytes, int]:
     kept = bytearray()
     total = 0
     while chunk := await reader.read(65536):
         total += len(chunk)
         if len(kept) < cap:
             kept += chunk[: cap - len(kept)]
+        if ceiling is not None and total > ceiling:
+            if flood is not None:
+                flood()
+            break  # stop reading: the run is being killed
     return bytes(kept), total
 
 
@@ -294,6 +628,36 @@ async def _pipe_reader(fd: int) -> tuple[asyncio.StreamReader, asyncio.BaseTrans
     reader = asyncio.StreamReader(limit=1 << 20)
     transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(fd, "rb", 0))
     return reader, transport
+
+
+def _int64(text: str) -> int:
+    value = int(text)
+    if not _INT_RANGE[0] <= value <= _INT_RANGE[1]:
+        raise ValueError("an integer beyond 64 bits")
+    return value
+
+
+def _no_constant(text: str) -> Any:
+    raise ValueError(f"{text} is not JSON")
+
+
+def _parse_report(data: bytes) -> dict[str, Any]:
+    """The runner's report, trusting nothing: any JSON off the shape (deep, huge integers, not an
+    object) is no report; a return value orjson cannot write is dropped (its ``repr`` stays)."""
+    if not data:
+        return {}
+    try:
+        doc = json.loads(data, parse_int=_int64, parse_constant=_no_constant)
+    except (ValueError, RecursionError):
+        return {}
+    if not isinstance(doc, dict):
+        return {}
+    if "return_value" in doc:
+        try:
+            orjson.dumps(doc["return_value"])
+        except (orjson.JSONEncodeError, TypeError):
+            del doc["return_value"]
+    return doc
 
 
 class LocalSandbox:
@@ -324,8 +688,8 @@ class LocalSandbox:
         if not isinstance(self.limits, Limits):
             raise SandboxInputError(f"limits must be a Limits, not {type(self.limits).__name__}")
         pool = list(DEFAULT_UIDS if uids is None else uids)
-        if not pool or any(isinstance(u, bool) or not isinstance(u, int) or not 0 < u < 2**32 - 1 for u in pool):
-            raise SandboxInputError(f"uids must be a non-empty list of numeric uids between 1 and {2**32 - 2}: {uids!r}")
+        if not pool or any(isinstance(u, bool) or not isinstance(u, int) or not 0 < u <= MAX_UID for u in pool):
+            raise SandboxInputError(f"uids must be a non-empty list of numeric uids between 1 and {MAX_UID}: {uids!r}")
         if len(set(pool)) != len(pool):
             raise SandboxInputError(f"uids must be distinct: {uids!r}")
         self.uids: tuple[int, ...] = tuple(pool)
@@ -351,11 +715,15 @@ class LocalSandbox:
 
     def _argv(self, uid: int | None, workdir: str, limits: Limits, result_fd: int,
               seccomp_fd: int) -> tuple[list[str], str, dict[str, str]]:
-        """(argv, cwd, env) of the launcher chain."""
+        """(argv, cwd, env) of the launcher chain; ``workdir`` is the host path of the work dir."""
         raise NotImplementedError
 
     def _interpret(self, facts: dict[str, Any], limits: Limits) -> Guarantees:
         raise NotImplementedError
+
+    def _needs_sweep(self) -> bool:
+        """Whether the code may have left files in the world-writable host directories."""
+        return False
 
     def _after_exit(self, uid: int | None) -> None:
         """After the interpreter exited: make sure nothing of the run is left (blocking; runs in a
@@ -370,6 +738,18 @@ class LocalSandbox:
                                    "5 s after the run ended", sandbox=self.NAME)
             time.sleep(0.002)
 
+    def _kill_uid(self, uid: int) -> None:
+        """SIGKILL every process of ``uid`` (``kill -9 -1`` as that uid: it reaches exactly them)."""
+        if not processes_of(uid):
+            return
+        setpriv = shutil.which("setpriv")
+        if setpriv is None:
+            raise SandboxError(f"cannot kill the processes of uid {uid}: setpriv is not installed", sandbox=self.NAME)
+        kill = shutil.which("kill")
+        argv = [kill, "-9", "-1"] if kill else [self.python, "-c", "import os; os.kill(-1, 9)"]
+        subprocess.run([setpriv, f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--", *argv],
+                       capture_output=True, check=False, env={"PATH": "/usr/bin:/bin"})
+
     # -- the protocol ---------------------------------------------------------------------------
     @property
     def name(self) -> str:
@@ -381,16 +761,29 @@ class LocalSandbox:
                 f"--nproc={limits.processes}", f"--fsize={limits.file_size_bytes}", f"--nofile={limits.open_files}",
                 "--core=0", "--"]
 
-    def _runner_argv(self, limits: Limits, result_fd: int, seccomp_fd: int) -> list[str]:
-        return [self.python, "-I", "-c", _RUNNER, str(result_fd), str(seccomp_fd), str(limits.output_bytes)]
+    def _runner_argv(self, limits: Limits, result_fd: int, seccomp_fd: int,
+                     options: Mapping[str, Any] | None = None) -> list[str]:
+        return [self.python, "-I", "-c", _RUNNER, str(result_fd), str(seccomp_fd), str(limits.output_bytes),
+                json.dumps(dict(options or {}))]
+
+    @property
+    def _root_dir(self) -> str:
+        return os.path.realpath(self.workdir_root or tempfile.gettempdir())
 
     def _check_workdir_root(self) -> None:
-        """The dedicated uid must be able to reach its work dir: every ancestor must be searchable by others."""
-        if not self.root:
-            return
-        root = os.path.realpath(self.workdir_root or tempfile.gettempdir())
+        """The dedicated uid must be able to reach its work dir (every ancestor searchable by others),
+        and must not be able to move the work dirs (the root may be world-writable only with the
+        sticky bit, like /tmp)."""
+        root = self._root_dir
         if not os.path.isdir(root):
             raise SandboxUnavailableError(f"workdir_root {root!r} is not a directory")
+        mode = os.stat(root).st_mode
+        if mode & stat.S_IWOTH and not mode & stat.S_ISVTX:
+            raise SandboxUnavailableError(
+                f"workdir_root {root!r} is writable by everyone without the sticky bit (mode "
+                f"{stat.S_IMODE(mode):04o}): the sandbox's uid could move its work dir; chmod +t or o-w it")
+        if not self.root:
+            return
         path = root
         while True:
             mode = os.stat(path).st_mode
@@ -404,29 +797,72 @@ class LocalSandbox:
             path = os.path.dirname(path)
 
     def _check_uids(self) -> None:
+        """At start: no process may run as a dedicated uid that no call holds (some other program uses
+        it). A uid another call holds is skipped; one whose holder died mid-call is cleaned up."""
         if self._checked_uids or not self.root:
             return
         for uid in self.uids:
+            slot = _try_lock(uid)
+            if slot is None:
+                continue  # a call (of this process or another) runs as it now
+            try:
+                self._recover(slot)
+            finally:
+                slot.release()
+        self._checked_uids = True
+
+    def _recover(self, slot: _Slot) -> None:
+        """With the lock of ``slot.uid`` held: if its last holder died mid-call, kill what still runs
+        as the uid and remove that call's leftovers; if it ended cleanly, no process may run as it."""
+        uid = slot.uid
+        if slot.previous is None:
             busy = processes_of(uid)
             if busy:
                 raise SandboxUnavailableError(
                     f"uid {uid} is meant to be used by the {self.NAME} sandbox alone, but process(es) {busy[:5]} run "
                     f"as it; pass uids= with uids nothing else uses")
-        self._checked_uids = True
+            return
+        left = processes_of(uid)
+        log.warning("sandbox uid %d: its last call (pid %s) ended without cleaning up; killing %d process(es) and "
+                    "removing its files", uid, slot.previous.get("pid"), len(left))
+        self._kill_uid(uid)
+        deadline = time.monotonic() + 5.0
+        while left := processes_of(uid):
+            if time.monotonic() > deadline:
+                raise SandboxError(f"processes {left[:5]} of uid {uid} survive SIGKILL", sandbox=self.NAME)
+            time.sleep(0.005)
+        workdir = slot.previous.get("workdir")
+        if isinstance(workdir, str) and os.path.basename(workdir).startswith("fsm-sandbox-"):
+            with contextlib.suppress(OSError):
+                st = os.lstat(workdir)
+                if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid():
+                    _remove(workdir)
+        _sweep(uid, self._sweep_extra())
+        os.ftruncate(slot.fd, 0)
+        slot.previous = None
+
+    def _sweep_extra(self) -> list[str]:
+        root = self._root_dir
+        try:
+            mode = os.stat(root).st_mode
+        except OSError:
+            return []
+        return [root] if mode & stat.S_IWOTH and root not in SWEPT_DIRS else []
 
     async def start(self) -> Guarantees:
         """Run the self-test once and return the guarantees (cached).
 
         Raises:
-            SandboxUnavailableError: a needed binary is missing, or a dedicated uid is in use.
+            SandboxUnavailableError: a needed binary is missing, or a dedicated uid is in use by some
+                other program.
         """
         if self._guarantees is None:
             self._preflight()
             self._check_workdir_root()
-            self._check_uids()
+            await asyncio.to_thread(self._check_uids)
             limits = Limits(wall_seconds=20.0)
             try:
-                result = await self._execute(SELF_TEST, [], limits)
+                result = await self._execute(SELF_TEST, [], limits, keep=False)
             except SandboxError as exc:
                 self._guarantees = Guarantees.unknown(self.NAME, f"the sandbox did not start: {exc}")
             else:
@@ -454,7 +890,8 @@ class LocalSandbox:
         Raises:
             GuaranteeNotHeldError: a guarantee in ``required`` does not hold here.
             SandboxUnavailableError: a needed binary is missing or a dedicated uid is in use.
-            SandboxInputError: ``code``, ``files``, ``limits`` or ``timeout`` is invalid.
+            SandboxInputError: ``code``, ``files``, ``limits`` or ``timeout`` is invalid (``timeout``
+                must be a finite positive number of seconds).
             SandboxError: the launcher chain or the interpreter did not start.
         """
         source = _check_code(code)
@@ -463,9 +900,7 @@ class LocalSandbox:
         if not isinstance(lim, Limits):
             raise SandboxInputError(f"limits must be a Limits, not {type(lim).__name__}")
         if timeout is not None:
-            if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
-                raise SandboxInputError(f"timeout must be a positive number of seconds, got {timeout!r}")
-            lim = attrs.evolve(lim, wall_seconds=float(timeout))
+            lim = attrs.evolve(lim, wall_seconds=check_timeout(timeout))
         g = await self.start()
         missing = tuple(r for r in self.required if not getattr(g, r))
         if missing:
@@ -473,52 +908,97 @@ class LocalSandbox:
         return await self._execute(source.decode("utf-8", "surrogatepass"), seeded, lim)
 
     # -- one run ----------------------------------------------------------------------------------
-    async def _take_uid(self) -> int | None:
-        """A free dedicated uid (root), or ``None`` (not root: the caller's own uid, no pool)."""
+    async def _take_uid(self) -> _Slot | None:
+        """The lock of a free dedicated uid (root), or ``None`` (not root: the caller's own uid, no
+        pool). Waits while every uid of the pool runs a call, here or in another process."""
         if not self.root:
             return None
+        delay = 0.005
         while True:
-            with _BUSY_LOCK:
-                for uid in self.uids:
-                    if uid not in BUSY_UIDS:
-                        BUSY_UIDS.add(uid)
-                        return uid
-            await asyncio.sleep(0.005)  # a loop-agnostic wait: runs on other event loops may hold the uids
+            for uid in self.uids:
+                slot = _try_lock(uid)
+                if slot is None:
+                    continue
+                try:
+                    if slot.previous is not None:
+                        await _in_thread(self._recover, slot)
+                    slot.note(None)
+                except BaseException:
+                    slot.release()
+                    raise
+                return slot
+            await asyncio.sleep(delay)  # loop-agnostic: runs on other event loops or processes hold the uids
+            delay = min(delay * 2, 0.05)
 
-    def _make_workdir(self, uid: int | None, seeded: list[tuple[str, bytes]]) -> str:
-        workdir = tempfile.mkdtemp(prefix=f"fsm-sandbox-{self.NAME}-", dir=self.workdir_root)
-        for rel, content in seeded:
-            target = os.path.join(workdir, rel)
-            try:
-                os.makedirs(os.path.dirname(target), exist_ok=True)
-                with open(target, "wb") as fh:
-                    fh.write(content)
-            except OSError as exc:
-                _remove(workdir)
-                raise SandboxInputError(f"files: {rel!r} cannot be written into the work dir: {exc.strerror}") from exc
-        if uid is not None and self.root:
-            for dirpath, dirnames, filenames in os.walk(workdir):
-                for name in dirnames + filenames:
-                    os.lchown(os.path.join(dirpath, name), uid, uid)
-            os.chown(workdir, uid, uid)
-        os.chmod(workdir, 0o700)
-        return workdir
-
-    async def _execute(self, code: str, seeded: list[tuple[str, bytes]], limits: Limits) -> ExecutionResult:
-        uid = await self._take_uid()
-        workdir: str | None = None
+    def _make_workdir(self, outer: str, uid: int | None, seeded: list[tuple[str, bytes]]) -> int:
+        """Create ``outer`` (root-owned, 0711) holding ``work`` (the uid's, 0700) with ``files`` in it;
+        return a descriptor of ``outer``."""
+        os.mkdir(outer, 0o700)
+        fd = -1
         try:
-            workdir = await asyncio.to_thread(self._make_workdir, uid, seeded)
-            before, _ = await asyncio.to_thread(_snapshot, workdir)
-            return await self._launch(code, uid, workdir, before, limits)
-        finally:
-            if workdir is not None and not self.keep_workdir:
-                await asyncio.shield(asyncio.to_thread(_remove, workdir))
-            elif workdir is not None and uid is not None:
-                os.chown(workdir, 0, 0)  # kept for the caller: later runs as the same uid cannot reach it
+            fd = os.open(outer, _DIR_FLAGS)
+            os.mkdir(_WORK, 0o700, dir_fd=fd)
+            workdir = os.path.join(outer, _WORK)
+            for rel, content in seeded:  # the tree is ours alone until it is handed to the uid
+                target = os.path.join(workdir, rel)
+                try:
+                    os.makedirs(os.path.dirname(target), exist_ok=True)
+                    with open(target, "wb") as fh:
+                        fh.write(content)
+                except OSError as exc:
+                    raise SandboxInputError(f"files: {rel!r} cannot be written into the work dir: "
+                                            f"{exc.strerror}") from exc
             if uid is not None:
-                with _BUSY_LOCK:
-                    BUSY_UIDS.discard(uid)
+                for dirpath, dirnames, filenames in os.walk(workdir):
+                    for name in dirnames + filenames:
+                        os.lchown(os.path.join(dirpath, name), uid, uid)
+                os.chown(_WORK, uid, uid, dir_fd=fd, follow_symlinks=False)
+            os.fchmod(fd, 0o711)
+            return fd
+        except BaseException:
+            if fd >= 0:
+                os.close(fd)
+            _remove(outer)
+            raise
+
+    async def _execute(self, code: str, seeded: list[tuple[str, bytes]], limits: Limits, *,
+                       keep: bool | None = None) -> ExecutionResult:
+        keep = self.keep_workdir if keep is None else keep
+        slot = await self._take_uid()
+        uid = slot.uid if slot is not None else None
+        outer = os.path.join(self._root_dir, f"fsm-sandbox-{self.NAME}-{secrets.token_hex(8)}")
+        made = asyncio.ensure_future(asyncio.to_thread(self._make_workdir, outer, uid, seeded))
+        try:
+            outer_fd = await _settle(made)
+            if slot is not None:
+                slot.note(outer)
+            before, _ = await _in_thread(_snapshot, outer_fd)
+            return await self._launch(code, uid, outer, outer_fd, before, limits, keep)
+        finally:
+            await _settle(asyncio.ensure_future(self._cleanup(made, outer, slot, keep)))
+
+    async def _cleanup(self, made: asyncio.Future[int], outer: str, slot: _Slot | None, keep: bool) -> None:
+        try:
+            outer_fd = made.result() if made.done() and not made.cancelled() and made.exception() is None else None
+            if outer_fd is None:
+                if os.path.lexists(outer):
+                    await asyncio.to_thread(_remove, outer)
+                return
+            try:
+                if keep:
+                    await asyncio.to_thread(_hand_to_root, outer_fd)
+                else:
+                    await asyncio.to_thread(_remove, outer)
+            finally:
+                os.close(outer_fd)
+            if slot is not None and self._needs_sweep():
+                removed = await asyncio.to_thread(_sweep, slot.uid, self._sweep_extra())
+                if removed:
+                    log.info("sandbox uid %d left %d entries in world-writable directories; removed: %s", slot.uid,
+                             len(removed), ", ".join(removed[:10]))
+        finally:
+            if slot is not None:
+                slot.release()
 
     def _seccomp_fd(self) -> int:
         ok, _ = seccomp_available()
@@ -529,8 +1009,8 @@ class LocalSandbox:
         os.lseek(fd, 0, os.SEEK_SET)
         return fd
 
-    async def _launch(self, code: str, uid: int | None, workdir: str, before: dict[str, Entry],
-                      limits: Limits) -> ExecutionResult:
+    async def _launch(self, code: str, uid: int | None, outer: str, outer_fd: int, before: dict[str, Entry],
+                      limits: Limits, keep: bool) -> ExecutionResult:
         # Every pipe is the parent's own (os.pipe2), not asyncio's: asyncio 3.11's Process.wait() also
         # waits for its pipes to close, which a child the code forked would hold open past the exit.
         ours: list[int] = []  # read ends (and the stdin write end), closed here at the end
@@ -539,6 +1019,8 @@ class LocalSandbox:
         proc: asyncio.subprocess.Process | None = None
         tasks: list[asyncio.Future[Any]] = []
         killed_by_parent = False
+        flooded = False
+        workdir = os.path.join(outer, _WORK)
         try:
             pipes = [os.pipe2(os.O_CLOEXEC) for _ in range(4)]  # stdin, stdout, stderr, result
             (in_r, in_w), (out_r, out_w), (err_r, err_w), (res_r, res_w) = pipes
@@ -560,12 +1042,21 @@ class LocalSandbox:
             finally:
                 while theirs:
                     os.close(theirs.pop())
+            launched = proc
+
+            def flood() -> None:
+                nonlocal flooded
+                if not flooded and launched.returncode is None:
+                    flooded = True
+                    _killpg(launched.pid)
+
             cap = limits.output_bytes
-            for fd, keep in ((out_r, cap), (err_r, cap), (res_r, 2 * cap + 65536)):
+            ceiling = OUTPUT_KILL_FACTOR * cap
+            for fd, keep_n, limit in ((out_r, cap, ceiling), (err_r, cap, ceiling), (res_r, 4 * cap + 66_000, None)):
                 ours.remove(fd)
                 reader, transport = await _pipe_reader(fd)
                 transports.append(transport)
-                tasks.append(asyncio.ensure_future(_drain(reader, keep)))
+                tasks.append(asyncio.ensure_future(_drain(reader, keep_n, limit, flood)))
             ours.remove(in_w)
             feeder = asyncio.ensure_future(asyncio.to_thread(_feed, in_w, code.encode("utf-8", "surrogatepass")))
             try:
@@ -576,7 +1067,7 @@ class LocalSandbox:
                 _killpg(proc.pid)
                 await proc.wait()
             duration = time.monotonic() - started
-            await asyncio.to_thread(self._after_exit, uid)
+            await _in_thread(self._after_exit, uid)
             try:
                 async with asyncio.timeout(5.0):
                     await feeder
@@ -593,9 +1084,9 @@ class LocalSandbox:
                     os.close(fd)
             for t in transports:
                 t.close()
-        after, truncated = await asyncio.to_thread(_snapshot, workdir)
-        return self._result(proc.returncode, out, out_n, err, err_n, doc, doc_n > len(doc), killed_by_parent,
-                            duration, before, after, truncated, workdir, limits)
+        after, truncated = await _in_thread(_snapshot, outer_fd)
+        return self._result(proc.returncode, out, out_n, err, err_n, doc, killed_by_parent, flooded,
+                            duration, before, after, truncated, workdir if keep else None, limits)
 
     async def _abort(self, proc: asyncio.subprocess.Process | None, uid: int | None,
                      tasks: list[asyncio.Future[Any]]) -> None:
@@ -609,31 +1100,41 @@ class LocalSandbox:
             t.cancel()
 
     def _result(self, returncode: int | None, out: bytes, out_n: int, err: bytes, err_n: int, doc: bytes,
-                doc_cut: bool, killed_by_parent: bool, duration: float, before: dict[str, Entry], after: dict[str, Entry],
-                truncated: bool, workdir: str, limits: Limits) -> ExecutionResult:
+                killed_by_parent: bool, flooded: bool, duration: float, before: dict[str, Entry],
+                after: dict[str, Entry], truncated: bool, kept: str | None, limits: Limits) -> ExecutionResult:
         started = doc.startswith(_STARTED)
-        report: dict[str, Any] = {}
-        if started and len(doc) > 1:
-            try:
-                loaded = orjson.loads(doc[1:])
-                report = loaded if isinstance(loaded, dict) else {}
-            except orjson.JSONDecodeError:
-                report = {}
-        exit_code, sig = self._status(returncode, finished=bool(report))
-        if not started and not killed_by_parent:
+        if not started and not killed_by_parent and not flooded:
             text = err.decode("utf-8", "replace")
             raise SandboxError(f"the {self.NAME} sandbox did not start its interpreter (exit status {returncode}); "
                                "if the memory limit is low, raise it", sandbox=self.NAME, detail=text)
+        status: dict[str, Any] = {}
+        report: dict[str, Any] = {}
+        if started and doc[1:2] == _STATUS:  # the monitor's line, then the child's report
+            line, _, rest = doc[2:].partition(b"\n")
+            with contextlib.suppress(ValueError):
+                loaded = json.loads(line)
+                status = loaded if isinstance(loaded, dict) else {}
+            report = _parse_report(rest)
         hit: set[str] = {x for x in report.get("limits") or () if x in LIMIT_NAMES}
-        if killed_by_parent:
-            hit.add("wall")
-            exit_code, sig = None, signal.SIGKILL
-        elif sig == signal.SIGXCPU or sig == signal.SIGKILL:
-            hit.add("cpu")  # SIGXCPU at the soft limit, SIGKILL at the hard one; nothing else here sends them
-        elif sig == signal.SIGXFSZ:
-            hit.add("file_size")
-        if (out_n > len(out) or err_n > len(err) or doc_cut or report.get("value_truncated")
-                or report.get("repr_truncated")):
+        exit_code: int | None = None
+        sig: int | None = None
+        if killed_by_parent or flooded:
+            hit.add("wall" if killed_by_parent else "output")
+            sig = signal.SIGKILL
+        elif isinstance(status.get("signal"), int):
+            sig = status["signal"]
+            cpu = status.get("cpu_s")
+            used = float(cpu) if isinstance(cpu, (int, float)) else 0.0
+            if sig in (signal.SIGXCPU, signal.SIGKILL) and used >= 0.9 * limits.cpu_seconds:
+                # the kernel's RLIMIT_CPU signals, after the process really used its seconds (rusage, as
+                # the monitor's wait4 got it, can read a little under the kernel's own CPU clock)
+                hit.add("cpu")
+            elif sig == signal.SIGXFSZ:
+                hit.add("file_size")
+        elif isinstance(status.get("exit"), int):
+            exit_code = status["exit"]
+        # else: no status from the monitor (the code killed it): neither exit status nor signal is known
+        if out_n > len(out) or err_n > len(err) or report.get("value_truncated") or report.get("repr_truncated"):
             hit.add("output")
         changes = _diff(before, after)
         if limits.file_size_bytes and any(c.kind == "file" and c.size == limits.file_size_bytes for c in changes):
@@ -641,27 +1142,17 @@ class LocalSandbox:
         error = None
         if isinstance(report.get("error"), dict):
             e = report["error"]
-            error = CodeError(str(e.get("type")), str(e.get("message")), str(e.get("traceback")),
+            error = CodeError(str(e.get("type"))[:200], str(e.get("message")), str(e.get("traceback")),
                               e.get("line") if isinstance(e.get("line"), int) else None)
-        if not started and killed_by_parent:
-            exit_code = None
+        repr_text = report.get("return_repr")
         ordered: tuple[LimitName, ...] = tuple(n for n in LIMIT_NAMES if n in hit)
         return ExecutionResult(
             sandbox=self.NAME, stdout=out.decode("utf-8", "replace"), stderr=err.decode("utf-8", "replace"),
             exit_code=exit_code, signal=int(sig) if sig is not None else None,
-            return_value=report.get("return_value"), return_repr=report.get("return_repr"), error=error,
+            return_value=report.get("return_value"),
+            return_repr=repr_text[: limits.output_bytes] if isinstance(repr_text, str) else None, error=error,
             files=tuple(changes[:_MAX_CHANGES]), limits_hit=ordered, duration_s=duration, stdout_bytes=out_n,
-            stderr_bytes=err_n, files_truncated=truncated or len(changes) > _MAX_CHANGES,
-            workdir=workdir if self.keep_workdir else None)
-
-    def _status(self, returncode: int | None, *, finished: bool) -> tuple[int | None, signal.Signals | None]:
-        """(exit code, signal) from the launcher's status (negative: the interpreter itself got a signal).
-        ``finished``: the runner wrote its report, so the status is the code's own exit status."""
-        if returncode is None:
-            return None, None
-        if returncode < 0:
-            return None, _sig(-returncode)
-        return returncode, None
+            stderr_bytes=err_n, files_truncated=truncated or len(changes) > _MAX_CHANGES, workdir=kept)
 
     # -- guarantee helpers for subclasses ----------------------------------------------------------
     @staticmethod
@@ -681,12 +1172,29 @@ class LocalSandbox:
             "nproc_set": (is_set("RLIMIT_NPROC", limits.processes), ""),
         }
 
-
-def _sig(n: int) -> signal.Signals | None:
-    try:
-        return signal.Signals(n)
-    except ValueError:
-        return None
+    def _memory_check(self, facts: dict[str, Any], limits: Limits, private: Sequence[str] = (),
+                      extra: str = "") -> tuple[bool, str, str]:
+        """(holds, mechanism, reason) of ``memory_limited`` from the self-test's facts: RLIMIT_AS in
+        force, System V shared memory and memfd refused, no writable host tmpfs (``private``: the
+        sandbox's own bounded ones), the work dir not on a tmpfs."""
+        rl = self._rlimit_checks(facts, limits)["memory_limited"][0]
+        problems = []
+        if not rl:
+            problems.append(f"RLIMIT_AS is not in force ({(facts.get('rlimits') or {}).get('RLIMIT_AS')})")
+        for fact, what in (("sysv_shm", "System V shared memory"), ("memfd", "memfd_create")):
+            if not str(facts.get(fact, "")).startswith("refused"):
+                problems.append(f"{what} is allowed (it holds memory outside any address space)")
+        ram = [p for p in facts.get("writable") or [] if p not in private and fs_type(p) in ("tmpfs", "ramfs")]
+        if ram:
+            problems.append(f"the host's {', '.join(ram)} {'is a' if len(ram) == 1 else 'are'} writable tmpfs: files "
+                            "there hold RAM that no rlimit counts")
+        kind = fs_type(self._root_dir)
+        if kind in ("tmpfs", "ramfs"):
+            problems.append(f"workdir_root {self._root_dir} is a {kind}: the work dir's files are RAM, and their "
+                            "number is not bounded")
+        mechanism = (f"RLIMIT_AS={limits.memory_bytes} per process (at most {limits.processes} processes); the "
+                     "seccomp filter refuses System V shared memory, message queues and memfd_create" + extra)
+        return not problems, mechanism, "; ".join(problems)
 
 
 def _killpg(pid: int) -> None:

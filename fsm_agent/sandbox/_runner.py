@@ -5,29 +5,68 @@ It is trusted code that runs inside the sandbox before the model's code, as the 
 1. when asked (the subprocess sandbox, which has no ``bwrap --seccomp``), it loads the seccomp BPF
    program read from an inherited fd, after setting ``no_new_privs``;
 2. it closes every inherited fd but stdio and the result pipe, and reads the code from stdin;
-3. it notes failed ``fork``/thread starts (the ``processes`` limit) and runs the code as
-   ``__main__``: the last top-level expression's value, else a top-level ``result``, is the
-   return value;
-4. it writes one JSON document to the result pipe: the return value, its ``repr``, the uncaught
-   exception, the limits it saw fire.
+3. it forks: the parent stays a **monitor** (not dumpable, so the code, although it runs as the
+   same uid, cannot open its ``/proc`` files or descriptors; ``ptrace`` and ``pidfd_getfd`` are
+   refused by the seccomp filter) and alone holds the result pipe; the child applies the Landlock
+   rules when asked (the subprocess sandbox: writes only in the work dir, reads only under the
+   given paths, no TCP, no abstract UNIX sockets or signals outside the run), notes failed
+   ``fork``/thread starts (the ``processes`` limit) and runs the code as ``__main__``: the last
+   top-level expression's value, else a top-level ``result``, is the return value; it writes its
+   report (the return value, its ``repr``, the uncaught exception, the limits it saw fire) to a
+   pipe to the monitor;
+4. the monitor waits for the child (``wait4``) and writes to the result pipe: the child's real exit
+   status or signal and the CPU seconds it used, which the code cannot forge, then the child's
+   report (which the code can: it is the code's own process).
 
-It never isolates anything by itself: the kernel does (namespaces, uid, seccomp, rlimits). It must
-run on any CPython 3.8+, standard library only; it is not imported by fsm_agent.
+It never isolates anything by itself: the kernel does (namespaces, uid, seccomp, Landlock,
+rlimits). It must run on any CPython 3.8+, standard library only; it is not imported by fsm_agent.
 
-argv: ``RESULT_FD SECCOMP_FD VALUE_CAP`` (``SECCOMP_FD`` ``-1``: none).
+argv: ``RESULT_FD SECCOMP_FD VALUE_CAP OPTIONS`` (``SECCOMP_FD`` ``-1``: none; ``OPTIONS`` a JSON
+object, ``{"landlock": {"ro": [...], "rw": [...], "dev_rw": [...], "dev_ro": [...]}}`` or ``{}``).
+
+The result pipe carries ``S`` (the interpreter started) and, when the child ended, ``M``, one line
+of JSON ``{"exit": N}`` or ``{"signal": N}`` with ``"cpu_s"``, a newline, and the child's report.
 """
 
 from __future__ import annotations
 
+# Everything the report needs is imported before the code runs: code that uses up its file
+# descriptors or breaks the import system must not lose its report.
+import ast
+import builtins
+import errno
+import json
+import linecache
 import os
+import select
 import sys
+import traceback
+import types
 from typing import Any, Callable, Dict, List, Optional
 
 STARTED = b"S"
 """Written to the result pipe first: the interpreter started (so a missing marker means the launcher
 chain failed)."""
+STATUS = b"M"
+"""Written by the monitor before the child's status line."""
+MAX_DEPTH = 200
+"""A return value nested deeper than this is given by its ``repr`` only (JSON readers such as orjson
+stop at 255 levels)."""
+INT_MIN, INT_MAX = -(2 ** 63), 2 ** 64 - 1
+"""Integers outside this range are not kept as JSON numbers (most JSON readers turn them into
+floats, losing digits): the value is then given by its exact ``repr`` only."""
 
-_hit: set[str] = set()
+_hit: "set[str]" = set()
+_dumps, _loads = json.dumps, json.loads  # the code may replace json.dumps; the report must not use its version
+_write, _close = os.write, os.close
+
+
+def _libc() -> Any:
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    return libc
 
 
 def _load_seccomp(fd: int) -> None:
@@ -52,11 +91,73 @@ def _load_seccomp(fd: int) -> None:
     n = len(data) // 8
     program = (SockFilter * n).from_buffer_copy(data)
     prog = SockFprog(n, ctypes.cast(program, ctypes.POINTER(SockFilter)))
-    libc = ctypes.CDLL(None, use_errno=True)
+    libc = _libc()
     if libc.prctl(38, 1, 0, 0, 0) != 0:  # PR_SET_NO_NEW_PRIVS
         raise SystemExit(f"fsm-agent sandbox: PR_SET_NO_NEW_PRIVS failed: errno {ctypes.get_errno()}")
     if libc.prctl(22, 2, ctypes.byref(prog), 0, 0) != 0:  # PR_SET_SECCOMP, SECCOMP_MODE_FILTER
         raise SystemExit(f"fsm-agent sandbox: loading the seccomp filter failed: errno {ctypes.get_errno()}")
+
+
+# Landlock (linux/landlock.h): system calls 444-446 on every architecture.
+_LL_CREATE, _LL_ADD, _LL_RESTRICT = 444, 445, 446
+_FS_EXECUTE, _FS_WRITE_FILE, _FS_READ_FILE, _FS_READ_DIR = 1 << 0, 1 << 1, 1 << 2, 1 << 3
+_FS_TRUNCATE, _FS_IOCTL_DEV = 1 << 14, 1 << 15
+_FILE_RIGHTS = _FS_EXECUTE | _FS_WRITE_FILE | _FS_READ_FILE | _FS_TRUNCATE | _FS_IOCTL_DEV
+
+
+def _landlock(spec: Dict[str, List[str]]) -> int:
+    """Restrict this process and its descendants to ``spec`` (Landlock); return the ABI version
+    applied, or 0 when the kernel has no Landlock (the sandbox's self-test measures what holds)."""
+    import ctypes
+    import struct
+
+    libc = _libc()
+    abi = libc.syscall(_LL_CREATE, None, ctypes.c_size_t(0), ctypes.c_uint32(1))  # ..._VERSION
+    if abi < 1:
+        return 0
+    fs = (1 << 13) - 1  # ABI 1: execute .. make_sym
+    if abi >= 2:
+        fs |= 1 << 13  # refer
+    if abi >= 3:
+        fs |= _FS_TRUNCATE
+    if abi >= 5:
+        fs |= _FS_IOCTL_DEV
+    net = 3 if abi >= 4 else 0  # bind_tcp | connect_tcp, with no rule: refused
+    scoped = 3 if abi >= 6 else 0  # abstract UNIX sockets and signals stay inside the run
+    attr = struct.pack("=QQQ", fs, net, scoped)[: 8 if abi < 4 else 16 if abi < 6 else 24]
+    buf = ctypes.create_string_buffer(attr, len(attr))
+    ruleset = libc.syscall(_LL_CREATE, buf, ctypes.c_size_t(len(attr)), ctypes.c_uint32(0))
+    if ruleset < 0:
+        return 0
+    read_only = _FS_EXECUTE | _FS_READ_FILE | _FS_READ_DIR
+    device_rw = _FS_READ_FILE | _FS_WRITE_FILE | _FS_TRUNCATE | _FS_IOCTL_DEV
+    for key, access in (("ro", read_only), ("rw", fs), ("dev_rw", device_rw), ("dev_ro", _FS_READ_FILE)):
+        for path in spec.get(key) or ():
+            try:
+                fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+            except OSError:
+                continue  # absent here: nothing to allow
+            try:
+                rights = access & fs
+                if not os.path.isdir(f"/proc/self/fd/{fd}"):
+                    rights &= _FILE_RIGHTS
+                rule = ctypes.create_string_buffer(struct.pack("=Qi", rights, fd), 12)
+                libc.syscall(_LL_ADD, ctypes.c_int(ruleset), ctypes.c_int(1), rule, ctypes.c_uint32(0))
+            finally:
+                os.close(fd)
+    if libc.prctl(38, 1, 0, 0, 0) != 0:  # PR_SET_NO_NEW_PRIVS (setpriv --nnp set it already)
+        os.close(ruleset)
+        return 0
+    done = libc.syscall(_LL_RESTRICT, ctypes.c_int(ruleset), ctypes.c_uint32(0))
+    os.close(ruleset)
+    return int(abi) if done == 0 else 0
+
+
+def _set_dumpable(flag: int) -> None:
+    try:
+        _libc().prctl(4, flag, 0, 0, 0)  # PR_SET_DUMPABLE
+    except OSError:
+        pass
 
 
 def _watch(owner: Any, name: str, limit: str, match: Callable[[BaseException], bool]) -> None:
@@ -77,8 +178,6 @@ def _watch(owner: Any, name: str, limit: str, match: Callable[[BaseException], b
 
 
 def _eagain(exc: BaseException) -> bool:
-    import errno
-
     return isinstance(exc, OSError) and exc.errno == errno.EAGAIN
 
 
@@ -100,8 +199,6 @@ def _install_watches() -> None:
 
 
 def _limit_of(exc: BaseException) -> Optional[str]:
-    import errno
-
     if isinstance(exc, MemoryError):
         return "memory"
     if isinstance(exc, OSError) and exc.errno == errno.EFBIG:
@@ -111,34 +208,64 @@ def _limit_of(exc: BaseException) -> Optional[str]:
     return None
 
 
-def _jsonable(value: Any, cap: int) -> Dict[str, Any]:
-    import json
+def _plain(value: Any) -> bool:
+    """``value`` (decoded JSON) nests at most MAX_DEPTH deep and every integer fits in 64 bits."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, bool) or item is None or isinstance(item, (str, float)):
+            continue
+        if isinstance(item, int):
+            if not INT_MIN <= item <= INT_MAX:
+                return False
+            continue
+        if depth >= MAX_DEPTH:
+            return False
+        children = item.values() if isinstance(item, dict) else item
+        stack.extend((child, depth + 1) for child in children)
+    return True
 
+
+def _jsonable(value: Any, cap: int) -> Dict[str, Any]:
+    if hasattr(sys, "set_int_max_str_digits"):
+        sys.set_int_max_str_digits(0)  # the exact digits of any integer (cut below), as the model needs them
     try:
         text = repr(value)
     except BaseException as exc:  # noqa: BLE001 - a broken __repr__ must not lose the run
-        text = f"<{type(value).__name__} object; repr() failed: {type(exc).__name__}: {exc}>"
+        text = f"<{type(value).__name__} object; repr() failed: {type(exc).__name__}>"
     out: Dict[str, Any] = {"return_repr": text[:cap], "repr_truncated": len(text) > cap}
     try:
-        encoded = json.dumps(value, allow_nan=False)
+        encoded = _dumps(value, allow_nan=False)
     except BaseException:  # noqa: BLE001 - not JSON: the repr stands for it
         return out
     if len(encoded.encode("utf-8", "replace")) > cap:
         out["value_truncated"] = True
         return out
-    out["return_value"] = json.loads(encoded)
+    try:
+        decoded = _loads(encoded)
+    except BaseException:  # noqa: BLE001 - too deep to read back
+        return out
+    if _plain(decoded):
+        out["return_value"] = decoded
     return out
 
 
-def _error(exc: BaseException, source: str) -> Dict[str, Any]:
-    import linecache
-    import traceback
+def _cut(text: str, cap: int, keep_end: bool = False) -> str:
+    if len(text) <= cap:
+        return text
+    note = f"[{len(text) - cap} characters cut]"
+    return note + text[-cap:] if keep_end else text[:cap] + note
 
+
+def _error(exc: BaseException, source: str, cap: int) -> Dict[str, Any]:
     linecache.cache["<code>"] = (len(source), None, source.splitlines(True), "<code>")
     tb = exc.__traceback__
     while tb is not None and tb.tb_frame.f_code.co_filename != "<code>":
         tb = tb.tb_next  # drop the runner's own frames
-    lines = traceback.format_exception(type(exc), exc, tb)
+    try:
+        text = "".join(traceback.format_exception(type(exc), exc, tb))
+    except BaseException:  # noqa: BLE001 - a broken __str__ inside the chain
+        text = f"{type(exc).__name__}: <the traceback could not be formatted>\n"
     line: Optional[int] = None
     if isinstance(exc, SyntaxError):
         line = exc.lineno
@@ -152,43 +279,22 @@ def _error(exc: BaseException, source: str) -> Dict[str, Any]:
         message = str(exc)
     except BaseException:  # noqa: BLE001
         message = "<str() failed>"
-    return {"type": type(exc).__name__, "message": message, "traceback": "".join(lines), "line": line}
+    return {"type": type(exc).__name__, "message": _cut(message, cap), "traceback": _cut(text, cap, keep_end=True),
+            "line": line if isinstance(line, int) else None}
 
 
 def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
-        view = view[os.write(fd, view):]
+        view = view[_write(fd, view):]
 
 
-def main(argv: List[str]) -> int:
-    result_fd, seccomp_fd, cap = int(argv[0]), int(argv[1]), int(argv[2])
-    if seccomp_fd >= 0:
-        _load_seccomp(seccomp_fd)
-    keep = {0, 1, 2, result_fd}
-    for name in os.listdir("/proc/self/fd") if os.path.isdir("/proc/self/fd") else []:
-        fd = int(name)
-        if fd not in keep:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-    os.set_inheritable(result_fd, False)
-    os.write(result_fd, STARTED)
-    source = sys.stdin.buffer.read().decode("utf-8", "replace")
-    null = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(null, 0)
-    os.close(null)
+def _run_code(source: str, report_fd: int, cap: int) -> int:
+    """The child: run the code, write the report to ``report_fd``, return the exit status."""
     sys.argv = ["<code>"]
     sys.dont_write_bytecode = True  # no __pycache__ among the files the run changed
     sys.path.insert(0, os.getcwd())  # -I leaves the work dir off the path; the code's own modules live there
     _install_watches()
-
-    import ast
-    import builtins
-
-    import types
-
     module = types.ModuleType("__main__")
     module.__dict__["__builtins__"] = builtins
     sys.modules["__main__"] = module  # the code's functions pickle as __main__.*; the runner keeps its own globals
@@ -213,9 +319,12 @@ def main(argv: List[str]) -> int:
         code = exc.code
         status = code if isinstance(code, int) else (0 if code is None else 1)
         if code is not None and not isinstance(code, int):
-            print(code, file=sys.stderr)
+            try:
+                print(_cut(str(code), cap), file=sys.stderr)
+            except BaseException:  # noqa: BLE001
+                pass
     except BaseException as exc:  # noqa: BLE001 - everything the code raised is the model's information
-        report["error"] = _error(exc, source)
+        report["error"] = _error(exc, source, cap)
         limit = _limit_of(exc)
         if limit:
             _hit.add(limit)
@@ -230,11 +339,99 @@ def main(argv: List[str]) -> int:
             stream.flush()
         except BaseException:  # noqa: BLE001 - a closed or broken stream
             pass
-    import json
-
-    _write_all(result_fd, json.dumps(report).encode("utf-8", "replace"))
-    os.close(result_fd)
+    try:
+        data = _dumps(report).encode("utf-8", "replace")
+    except BaseException:  # noqa: BLE001 - the code broke the encoder: the limits at least
+        data = ('{"limits": [%s]}' % ", ".join('"%s"' % name for name in sorted(_hit))).encode()
+    try:
+        _write_all(report_fd, data)
+        _close(report_fd)
+    except OSError:
+        pass
     return status
+
+
+def _monitor(pid: int, report_r: int, result_fd: int, keep: int) -> None:
+    """The parent: read the child's report, wait for the child, write its true status and the report."""
+    kept = bytearray()
+    waited = None
+    while waited is None:
+        ready, _, _ = select.select([report_r], [], [], 0.05)
+        if ready:
+            chunk = os.read(report_r, 65536)
+            if not chunk:
+                break  # the child closed its end (its report is complete)
+            if len(kept) < keep:
+                kept += chunk[: keep - len(kept)]
+            continue
+        done, status, usage = os.wait4(pid, os.WNOHANG)
+        if done:  # the child ended while a process it forked still holds the report pipe open
+            waited = (status, usage)
+            os.set_blocking(report_r, False)
+            try:
+                while len(kept) < keep:
+                    chunk = os.read(report_r, 65536)
+                    if not chunk:
+                        break
+                    kept += chunk[: keep - len(kept)]
+            except BlockingIOError:
+                pass
+    if waited is None:
+        _, status, usage = os.wait4(pid, 0)
+        waited = (status, usage)
+    status, usage = waited
+    doc: Dict[str, Any] = {"cpu_s": round(usage.ru_utime + usage.ru_stime, 3)}
+    if os.WIFSIGNALED(status):
+        doc["signal"] = os.WTERMSIG(status)
+    else:
+        doc["exit"] = os.WEXITSTATUS(status)
+    try:
+        _write_all(result_fd, STATUS + json.dumps(doc).encode() + b"\n" + bytes(kept))
+    except OSError:
+        pass
+
+
+def main(argv: List[str]) -> int:
+    result_fd, seccomp_fd, cap = int(argv[0]), int(argv[1]), int(argv[2])
+    options = json.loads(argv[3]) if len(argv) > 3 else {}
+    if seccomp_fd >= 0:
+        _load_seccomp(seccomp_fd)
+    keep = {0, 1, 2, result_fd}
+    for name in os.listdir("/proc/self/fd") if os.path.isdir("/proc/self/fd") else []:
+        fd = int(name)
+        if fd not in keep:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+    os.set_inheritable(result_fd, False)
+    os.write(result_fd, STARTED)
+    source = sys.stdin.buffer.read().decode("utf-8", "replace")
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    report_r, report_w = os.pipe()  # both close-on-exec: a program the code execs never holds them
+    _set_dumpable(0)  # before the fork: the monitor is never readable by the code's uid
+    pid = os.fork()
+    if pid == 0:
+        _set_dumpable(1)
+        os.close(report_r)
+        os.close(result_fd)
+        os.register_at_fork(after_in_child=lambda: _close_quietly(report_w))  # the code's own forks
+        landlock = options.get("landlock")
+        if landlock:
+            _landlock(landlock)
+        return _run_code(source, report_w, cap)
+    os.close(report_w)
+    _monitor(pid, report_r, result_fd, 4 * cap + 65536)
+    os._exit(0)
+
+
+def _close_quietly(fd: int) -> None:
+    try:
+        os.close(fd)
+    except OSError:
+        pass
 
 
 if __name__ == "__main__":

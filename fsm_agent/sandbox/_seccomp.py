@@ -4,13 +4,22 @@
 Default action: allow. Refused (the call fails; nothing is killed, so the code sees an ordinary
 ``OSError``):
 
-* ``socket`` with a domain other than ``AF_UNIX`` → ``EACCES`` (no TCP/UDP/raw/netlink/packet
-  sockets: no network and no DNS, even where no network namespace exists);
-* ``ptrace``, ``process_vm_readv``/``writev`` (reading other processes), ``keyctl``, ``add_key``,
-  ``request_key`` (kernel keyrings), ``bpf``, ``perf_event_open``, ``userfaultfd``,
-  ``io_uring_setup``/``enter``/``register``, ``personality``, ``kexec_load``, ``init_module``,
-  ``finit_module``, ``delete_module``, ``mount``, ``umount2``, ``pivot_root``, ``swapon``,
-  ``swapoff``, ``reboot``, ``unshare``, ``setns`` (new namespaces) → ``EPERM``;
+* ``socket``, for every address family (AF_UNIX included) → ``EACCES``: no TCP/UDP/raw/netlink/
+  packet sockets, so no network and no DNS even where no network namespace exists, and no
+  connection to a host service's UNIX socket (a database's ``/tmp/.s.PGSQL.*``, an abstract
+  socket). ``socketpair`` stays allowed: a pair connects the code only to itself (asyncio's
+  self-pipe, ``multiprocessing`` pipes);
+* System V IPC (``shmget``/``shmat``/``shmdt``/``shmctl``, ``msgget``/``msgsnd``/``msgrcv``/
+  ``msgctl``, ``semget``/``semop``/``semtimedop``/``semctl``), POSIX message queues (``mq_*``),
+  ``memfd_create`` and ``memfd_secret`` → ``EPERM``: each holds memory that ``RLIMIT_AS`` does not
+  count (a detached shared-memory segment, a memfd written with ``write``), and a System V
+  segment outlives the process that made it;
+* ``ptrace``, ``process_vm_readv``/``writev``, ``pidfd_getfd`` (reading other processes or their
+  descriptors), ``keyctl``, ``add_key``, ``request_key`` (kernel keyrings), ``bpf``,
+  ``perf_event_open``, ``userfaultfd``, ``io_uring_setup``/``enter``/``register``, ``personality``,
+  ``kexec_load``, ``init_module``, ``finit_module``, ``delete_module``, ``mount``, ``umount2``,
+  ``pivot_root``, ``swapon``, ``swapoff``, ``reboot``, ``unshare``, ``setns`` (new namespaces) →
+  ``EPERM``;
 * ``clone3`` → ``ENOSYS`` (its flags cannot be inspected; the C library falls back to ``clone``),
   and ``clone`` with ``CLONE_NEWUSER`` → ``EPERM``.
 
@@ -22,18 +31,24 @@ from __future__ import annotations
 
 import errno
 import functools
-import socket
 import tempfile
 
-__all__ = ["DENIED_SYSCALLS", "seccomp_available", "seccomp_program"]
+__all__ = ["DENIED_SYSCALLS", "MEMORY_SYSCALLS", "seccomp_available", "seccomp_program"]
+
+MEMORY_SYSCALLS: tuple[str, ...] = (
+    "shmget", "shmat", "shmdt", "shmctl", "msgget", "msgsnd", "msgrcv", "msgctl", "semget", "semop", "semtimedop",
+    "semctl", "mq_open", "mq_unlink", "mq_timedsend", "mq_timedreceive", "mq_notify", "mq_getsetattr",
+    "memfd_create", "memfd_secret",
+)
+"""System calls refused with ``EPERM`` because what they make holds memory no rlimit counts."""
 
 DENIED_SYSCALLS: tuple[str, ...] = (
-    "ptrace", "process_vm_readv", "process_vm_writev", "keyctl", "add_key", "request_key", "bpf",
+    "ptrace", "process_vm_readv", "process_vm_writev", "pidfd_getfd", "keyctl", "add_key", "request_key", "bpf",
     "perf_event_open", "userfaultfd", "io_uring_setup", "io_uring_enter", "io_uring_register", "personality",
     "kexec_load", "init_module", "finit_module", "delete_module", "mount", "umount2", "pivot_root", "swapon",
     "swapoff", "reboot", "unshare", "setns",
 )
-"""System calls refused with ``EPERM``."""
+"""System calls refused with ``EPERM`` (besides :data:`MEMORY_SYSCALLS`)."""
 
 _CLONE_NEWUSER = 0x10000000
 
@@ -46,8 +61,8 @@ def _compile() -> bytes | str:
         return f"the Python package pyseccomp is not installed ({exc}): pip install 'fsm-agent[sandbox]'"
     try:
         flt = sc.SyscallFilter(sc.ALLOW)
-        flt.add_rule(sc.ERRNO(errno.EACCES), "socket", sc.Arg(0, sc.NE, socket.AF_UNIX))
-        for name in DENIED_SYSCALLS:
+        flt.add_rule(sc.ERRNO(errno.EACCES), "socket")
+        for name in DENIED_SYSCALLS + MEMORY_SYSCALLS:
             flt.add_rule(sc.ERRNO(errno.EPERM), name)
         flt.add_rule(sc.ERRNO(errno.ENOSYS), "clone3")
         flt.add_rule(sc.ERRNO(errno.EPERM), "clone", sc.Arg(0, sc.MASKED_EQ, _CLONE_NEWUSER, _CLONE_NEWUSER))

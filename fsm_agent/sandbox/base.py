@@ -38,6 +38,7 @@ The code's own failures are not exceptions of :meth:`Sandbox.run`: they come bac
 
 from __future__ import annotations
 
+import math
 import signal as _signal
 from collections.abc import Mapping
 from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
@@ -158,14 +159,37 @@ class CodeExecutionError(ToolError):
 
 
 # -- limits ---------------------------------------------------------------------------------------
+OUTPUT_KILL_FACTOR = 64
+"""A run writing more than this many times ``Limits.output_bytes`` to stdout or stderr is killed."""
+
+MAX_LIMIT = 2**62
+"""The largest value any :class:`Limits` field accepts (far beyond any machine; ``prlimit`` takes it)."""
+
+
 def _at_least(minimum: float) -> Any:
     def check(inst: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise SandboxInputError(f"Limits.{attribute.name} must be a number, not {type(value).__name__}")
+        if not math.isfinite(value):
+            raise SandboxInputError(f"Limits.{attribute.name} must be a finite number, got {value!r}")
         if value < minimum:
             raise SandboxInputError(f"Limits.{attribute.name} must be at least {minimum:g}, got {value!r}")
+        if value > MAX_LIMIT:
+            raise SandboxInputError(f"Limits.{attribute.name} must be at most 2**62, got {value!r}")
 
     return check
+
+
+def check_timeout(timeout: Any, name: str = "timeout") -> float:
+    """``timeout`` as a float of seconds.
+
+    Raises:
+        SandboxInputError: it is not a finite positive number (``nan``, ``inf``, ``0``, a bool ...).
+    """
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not math.isfinite(timeout) \
+            or timeout <= 0 or timeout > MAX_LIMIT:
+        raise SandboxInputError(f"{name} must be a finite positive number of seconds, got {timeout!r}")
+    return float(timeout)
 
 
 def _whole(inst: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
@@ -178,8 +202,18 @@ class Limits:
     """What one run may use. Every limit is always set; there is no "unlimited".
 
     Enforced by the kernel (``prlimit`` inside the sandbox) except ``wall_seconds`` (the parent
-    kills the process group) and ``output_bytes`` (the parent stops keeping output). Raises
-    :class:`SandboxInputError` for a value out of range.
+    kills the process group) and ``output_bytes`` (the parent stops keeping output, and kills the
+    run past :data:`OUTPUT_KILL_FACTOR` times it). Every field must be finite and at most
+    ``2**62``. Raises :class:`SandboxInputError` for a value out of range.
+
+    What ``memory_bytes`` bounds is each process's address space; a run's whole memory is at most
+    about ``memory_bytes × processes``, plus the bubblewrap sandbox's private ``/tmp`` and
+    ``/dev/shm`` (``tmp_bytes`` each) and kernel buffers (pipes, socket pairs), because the seccomp
+    filter refuses what would hold memory outside any address space (System V shared memory and
+    message queues, POSIX message queues, ``memfd_create``) and no writable host tmpfs is left to
+    the code (the subprocess sandbox needs Landlock for that: see ``Guarantees.memory_limited``).
+    Files in the work dir are on the host's disk (on RAM if ``workdir_root`` is a tmpfs, which the
+    guarantees then report).
     """
 
     memory_bytes: int = field(default=512 * MiB, validator=[_whole, _at_least(64 * MiB)])
@@ -192,15 +226,18 @@ class Limits:
     """Wall-clock time of the whole run, seconds, from spawn to exit; then the process group is killed."""
     processes: int = field(default=32, validator=[_whole, _at_least(2)])
     """Processes and threads of the sandbox's dedicated uid at once (``RLIMIT_NPROC``; the
-    interpreter itself is one). A fork beyond it fails with ``BlockingIOError``."""
+    sandbox's monitor and the interpreter running the code are two of them). A fork beyond it fails
+    with ``BlockingIOError``."""
     file_size_bytes: int = field(default=16 * MiB, validator=[_whole, _at_least(0)])
     """Size of any one file the code writes, bytes (``RLIMIT_FSIZE``; a write beyond it fails with
     ``EFBIG``)."""
     open_files: int = field(default=64, validator=[_whole, _at_least(16)])
     """Open file descriptors per process (``RLIMIT_NOFILE``)."""
     output_bytes: int = field(default=64 * KiB, validator=[_whole, _at_least(1024)])
-    """Bytes of stdout, of stderr, and of the JSON return value kept each; the rest is counted and
-    dropped, and ``output`` is added to ``limits_hit``."""
+    """Bytes of stdout, of stderr, of the return value's JSON and of its ``repr`` kept each; the
+    rest is counted and dropped, and ``output`` is added to ``limits_hit``. A run that writes more
+    than :data:`OUTPUT_KILL_FACTOR` × this to stdout or stderr is killed (``SIGKILL``, ``output``
+    in ``limits_hit``): past that the parent stops reading."""
 
 
 # -- results --------------------------------------------------------------------------------------
@@ -240,8 +277,17 @@ class ExecutionResult:
     The return value rule: when the code's last top-level statement is an expression, its value
     (as in a notebook cell); otherwise the value of a top-level variable named ``result``, when the
     code assigned one; otherwise ``None``. ``return_value`` is that value as JSON (``None`` when it
-    is not JSON-serialisable or too large); ``return_repr`` is its ``repr()`` (cut to
-    ``output_bytes``) whenever there is a value.
+    is not JSON-serialisable, is larger than ``output_bytes``, nests more than 200 levels deep, or
+    holds an integer outside the 64-bit range ``-2**63 .. 2**64-1``, which JSON readers such as
+    orjson would turn into a float); ``return_repr`` is its ``repr()`` (cut to ``output_bytes``;
+    exact for any integer) whenever there is a value.
+
+    Who vouches for what: ``exit_code``, ``signal`` and the ``cpu`` limit come from the sandbox's
+    monitor, which waited for the code's process and cannot be reached by it; ``wall`` and
+    ``output`` and the sizes are the parent's own observations; ``files`` is the parent's diff of
+    the work dir; ``return_value``, ``return_repr``, ``error`` and the ``memory``, ``processes``
+    and ``file_size`` limits are reported by the interpreter that ran the code, so code can forge
+    them about itself.
     """
 
     sandbox: str
@@ -251,9 +297,13 @@ class ExecutionResult:
     stderr: str
     """Captured stderr, likewise (the traceback of an uncaught exception is here too)."""
     exit_code: int | None
-    """The interpreter's exit status, or ``None`` when a signal ended it."""
+    """The interpreter's exit status, or ``None`` when a signal ended it (or, with ``signal`` also
+    ``None``, when the run ended without a status the sandbox could trust: the code killed the
+    sandbox's monitor)."""
     signal: int | None = None
-    """The signal that ended the interpreter (``SIGXCPU``, ``SIGKILL`` ...), or ``None``."""
+    """The signal that ended the interpreter (``SIGXCPU``, ``SIGKILL`` ...), or ``None``; as the
+    kernel reported it to the monitor (code that exits with status 137 is ``exit_code`` 137, not
+    ``SIGKILL``)."""
     return_value: Any = None
     """The return value as JSON (see the class docstring), or ``None``."""
     return_repr: str | None = None
@@ -358,20 +408,30 @@ class Guarantees:
     sandbox: str
     """The sandbox's name."""
     network_isolated: bool = False
-    """The code cannot open network sockets (AF_INET, AF_INET6, AF_NETLINK ...) or resolve names."""
+    """The code cannot open sockets of any family (AF_INET, AF_INET6, AF_NETLINK, and AF_UNIX, so
+    no host service's UNIX socket either) or resolve names; it may only connect to itself
+    (``socketpair``)."""
     filesystem_readonly: bool = False
-    """Nothing of the host's filesystem outside the per-call work dir can be written."""
+    """Nothing of the host's filesystem outside the per-call work dir can be written (measured: the
+    self-test tries to create a file in ``/``, ``/etc``, ``/usr``, ``/var``, ``/tmp``, ``/var/tmp``,
+    ``/dev``, ``/dev/shm`` ...; the bubblewrap sandbox's private ``/tmp`` and ``/dev/shm`` do not
+    count)."""
     secrets_invisible: bool = False
-    """Host files outside ``/usr`` (``/etc/shadow``, home directories, keys, the caller's files)
-    cannot be read."""
+    """Host files outside ``/usr`` (``/etc/shadow``, ``/etc/passwd``, home directories, keys, the
+    caller's files) and other processes' command lines cannot be read."""
     env_cleared: bool = False
     """The caller's environment (API keys included) is not passed in; only ``PATH``, ``HOME``,
     ``TMPDIR``, ``LANG`` and what the sandbox was configured with."""
     seccomp_filter: bool = False
-    """A seccomp filter is loaded (non-AF_UNIX sockets, ptrace, bpf, keyctl, io_uring ... refused)."""
+    """A seccomp filter is loaded (sockets, System V IPC, memfd, ptrace, bpf, keyctl, io_uring ...
+    refused)."""
     uid_dropped: bool = False
     """The code runs as a dedicated unprivileged uid with no capabilities and no groups."""
     memory_limited: bool = False
+    """The run's memory is bounded: ``RLIMIT_AS`` of each process is in force, the calls that hold
+    memory outside an address space (System V shared memory, ``memfd_create``) are refused, and no
+    host tmpfs (``/dev/shm``; the work dir when ``workdir_root`` is one) is writable. See
+    :class:`Limits` for the ceiling."""
     cpu_limited: bool = False
     processes_limited: bool = False
     """``RLIMIT_NPROC`` binds: it is ignored for uid 0, and for a shared uid it counts that user's

@@ -33,7 +33,6 @@ from __future__ import annotations
 import functools
 import os
 import shutil
-import signal
 import subprocess
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -169,15 +168,6 @@ class BubblewrapSandbox(LocalSandbox):
         argv += ["--", *self._prlimit(limits), *self._runner_argv(limits, result_fd, -1)]
         return argv, workdir, {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
 
-    def _status(self, returncode: int | None, *, finished: bool) -> tuple[int | None, signal.Signals | None]:
-        # bwrap exits 128+N when its child died of signal N; a finished runner's status is the code's own
-        if returncode is not None and returncode > 128 and not finished:
-            try:
-                return None, signal.Signals(returncode - 128)
-            except ValueError:
-                pass
-        return super()._status(returncode, finished=finished)
-
     def _interpret(self, facts: dict[str, Any], limits: Limits) -> Guarantees:
         holds: dict[str, bool] = {}
         reasons: dict[str, str] = {}
@@ -188,11 +178,13 @@ class BubblewrapSandbox(LocalSandbox):
             (how if ok else reasons)[name] = mechanism if ok else reason
 
         seccomp_on = facts.get("seccomp") == "2"
-        inet = str(facts.get("inet_socket"))
+        inet, unix = str(facts.get("inet_socket")), str(facts.get("unix_socket"))
         ifaces = facts.get("interfaces")
         put("network_isolated", isinstance(ifaces, list) and set(ifaces) <= {"lo"},
-            "own network namespace with only a loopback device (bwrap --unshare-net)"
-            + ("; the seccomp filter also refuses non-AF_UNIX sockets" if inet.startswith("refused") else ""),
+            "own network namespace with only a loopback device (bwrap --unshare-net; abstract UNIX sockets are "
+            "per namespace too), and no host UNIX socket is mounted"
+            + ("; the seccomp filter also refuses socket() for every family" if inet.startswith("refused")
+               and unix.startswith("refused") else ""),
             f"the sandbox sees network devices {ifaces}")
         writable = [p for p in facts.get("writable") or [] if p not in ("/tmp", "/dev/shm")]
         put("filesystem_readonly", not writable,
@@ -200,8 +192,8 @@ class BubblewrapSandbox(LocalSandbox):
             f"{self.tmp_bytes} bytes each, dropped after the run; only the work dir (/work) is shared with the host",
             f"writable outside the work dir: {writable}")
         leaked = [p for p in facts.get("visible") or [] if p not in ("/proc/1/environ",)]
-        readable = facts.get("readable") or []
-        secret_ok = not leaked and "/etc/shadow" not in readable
+        readable = [p for p in facts.get("readable") or [] if p.startswith("/etc/")]  # /proc/1 is bwrap's own
+        secret_ok = not leaked and not readable
         put("secrets_invisible", secret_ok,
             "a new mount namespace shows only /usr" + (f", {', '.join(self.ro_binds)}" if self.ro_binds else "")
             + " and the work dir: no /etc, /root, /home, keys or the caller's files",
@@ -213,8 +205,8 @@ class BubblewrapSandbox(LocalSandbox):
             f"variables passed in: {extra_env}")
         ok_sc, why_sc = seccomp_available()
         put("seccomp_filter", seccomp_on,
-            "bwrap --seccomp with a BPF program from pyseccomp: non-AF_UNIX sockets refused (EACCES), "
-            f"clone3 ENOSYS, new user namespaces and {', '.join(DENIED_SYSCALLS)} refused (EPERM)",
+            "bwrap --seccomp with a BPF program from pyseccomp: sockets refused (EACCES), System V IPC and memfd "
+            f"refused, clone3 ENOSYS, new user namespaces and {', '.join(DENIED_SYSCALLS)} refused (EPERM)",
             why_sc if not ok_sc else f"no seccomp filter is loaded (Seccomp: {facts.get('seccomp')})")
         uid = facts.get("uid")
         dropped = (self.root and uid in self.uids and facts.get("euid") == uid and facts.get("gid") == uid
@@ -226,8 +218,12 @@ class BubblewrapSandbox(LocalSandbox):
             "uid); run as root for a dedicated uid" if not self.root else f"the code runs as uid {uid}, "
             f"groups {facts.get('groups')}, capabilities {facts.get('cap_eff')}")
         rl = self._rlimit_checks(facts, limits)
-        for name in ("memory_limited", "cpu_limited", "file_size_limited"):
+        for name in ("cpu_limited", "file_size_limited"):
             put(name, rl[name][0], rl[name][1], f"{name.replace('_limited', '')} rlimit not in force: {facts.get('rlimits')}")
+        ok_mem, mech_mem, why_mem = self._memory_check(
+            facts, limits, private=("/tmp", "/dev/shm"),
+            extra=f"; the private /tmp and /dev/shm are tmpfs of {self.tmp_bytes} bytes each, /dev is read-only")
+        put("memory_limited", ok_mem, mech_mem, why_mem)
         put("processes_limited", bool(rl["nproc_set"][0] and dropped),
             f"RLIMIT_NPROC={limits.processes} for a dedicated uid that nothing else uses",
             "RLIMIT_NPROC does not bind: " + ("it is not set" if not rl["nproc_set"][0] else

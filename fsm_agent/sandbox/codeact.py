@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from ..tools.registry import Tool, ToolContext, ToolEffect
-from .base import CodeExecutionError, GuaranteeNotHeldError, Guarantees, Limits, Sandbox, SandboxInputError
+from .base import CodeExecutionError, GuaranteeNotHeldError, Guarantees, Limits, Sandbox, SandboxInputError, check_timeout
 
 if TYPE_CHECKING:
     from ..store.base import Store
@@ -141,6 +141,7 @@ def codeact_tool(
     lim = limits if limits is not None else getattr(sandbox, "limits", None) or Limits()
     if not isinstance(lim, Limits):
         raise SandboxInputError(f"limits must be a Limits, not {type(lim).__name__}")
+    margin = check_timeout(timeout_margin, "timeout_margin")
     g = sandbox.guarantees()
     required = tuple(getattr(sandbox, "required", ()))
     missing = tuple(r for r in required if not getattr(g, r))
@@ -172,4 +173,4 @@ def codeact_tool(
                 parameters={"type": "object", "properties": {"code": {
                     "type": "string", "description": "Python 3 source to run, e.g. \"sum(range(10))\""}},
                     "required": ["code"], "additionalProperties": False},
-                timeout=lim.wall_seconds + timeout_margin, effect=effect)
+                timeout=lim.wall_seconds + margin, effect=effect)

@@ -52,6 +52,7 @@ from ..types.codec import structure, unstructure
 from ._local import _check_code, _check_files
 from .base import (
     GUARANTEE_NAMES,
+    LIMIT_NAMES,
     ExecutionResult,
     GuaranteeNotHeldError,
     Guarantees,
@@ -59,6 +60,7 @@ from .base import (
     RemoteSandboxError,
     SandboxInputError,
     SandboxUnavailableError,
+    check_timeout,
 )
 
 __all__ = ["HttpRemoteExecutor", "RemoteExecutor", "RemoteRequest", "RemoteSandbox", "WIRE_VERSION", "result_to_json"]
@@ -108,21 +110,32 @@ class RemoteExecutor(Protocol):
 class HttpRemoteExecutor:
     """The HTTP JSON client of the wire shape in this module's docstring (aiohttp).
 
+    The service is not trusted to keep the limits: an answer body larger than ``max_body_bytes`` is
+    an error (read no further), and the result's ``stdout``, ``stderr`` and ``return_repr`` are cut
+    to the run's ``output_bytes`` (``output`` then added to ``limits_hit``), its ``files`` to 1,000.
+
     Args:
         base_url: the service's root, e.g. ``https://sandbox.internal/v1``.
         headers: sent with every request (authentication).
         timeout_margin: seconds added to a run's ``wall_seconds`` for the whole HTTP exchange.
         connect_timeout: seconds to connect.
+        max_body_bytes: the largest answer body read, bytes (default 16 MiB).
+
+    Raises:
+        SandboxInputError: an option is invalid (a timeout that is not a finite positive number ...).
     """
 
     def __init__(self, base_url: str, *, headers: Mapping[str, str] | None = None, timeout_margin: float = 10.0,
-                 connect_timeout: float = 10.0) -> None:
+                 connect_timeout: float = 10.0, max_body_bytes: int = 16 * 1024 * 1024) -> None:
         if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
             raise SandboxInputError(f"base_url must be an http:// or https:// URL, got {base_url!r}")
         self.base_url = base_url.rstrip("/")
         self.headers = dict(headers or {})
-        self.timeout_margin = timeout_margin
-        self.connect_timeout = connect_timeout
+        self.timeout_margin = check_timeout(timeout_margin, "timeout_margin")
+        self.connect_timeout = check_timeout(connect_timeout, "connect_timeout")
+        if isinstance(max_body_bytes, bool) or not isinstance(max_body_bytes, int) or max_body_bytes < 1024:
+            raise SandboxInputError(f"max_body_bytes must be a whole number of at least 1024, got {max_body_bytes!r}")
+        self.max_body_bytes = max_body_bytes
         self._session: aiohttp.ClientSession | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -144,8 +157,14 @@ class HttpRemoteExecutor:
         try:
             async with session.request(method, url, data=data, timeout=timeout,
                                        headers={"Content-Type": "application/json"} if data else None) as resp:
-                text = await resp.text(errors="replace")
                 status = resp.status
+                raw = bytearray()
+                while chunk := await resp.content.read(65536):
+                    raw += chunk
+                    if len(raw) > self.max_body_bytes:  # read no further
+                        raise RemoteSandboxError(f"{method} {url}: the answer is larger than {self.max_body_bytes} "
+                                                 "bytes (max_body_bytes)", status=status)
+                text = raw.decode("utf-8", "replace")
         except asyncio.TimeoutError as exc:
             raise RemoteSandboxError(f"{method} {url}: no answer within {total:g} s") from exc
         except aiohttp.ClientError as exc:
@@ -182,15 +201,43 @@ class HttpRemoteExecutor:
                                      body=orjson.dumps(doc).decode())
         data = {"sandbox": "remote", **result}
         try:
-            return structure(data, ExecutionResult)
+            got: ExecutionResult = structure(data, ExecutionResult)
         except Exception as exc:  # noqa: BLE001 - cattrs raises several kinds; all mean "off the wire shape"
             raise RemoteSandboxError(f"POST {self.base_url}/run: the result does not match the wire shape: {exc}",
                                      body=orjson.dumps(result).decode()[:2048]) from exc
+        return _recap(got, request.limits.output_bytes)
 
     async def aclose(self) -> None:
         if self._session is not None and not self._session.closed:
             await self._session.close()
         self._session = None
+
+
+def _recap(result: ExecutionResult, cap: int) -> ExecutionResult:
+    """``result`` with its texts cut to ``cap`` bytes (``output`` noted) and at most 1,000 files."""
+
+    def cut(text: str) -> tuple[str, bool]:
+        data = text.encode("utf-8", "surrogatepass")
+        return (data[:cap].decode("utf-8", "ignore"), True) if len(data) > cap else (text, False)
+
+    stdout, a = cut(result.stdout)
+    stderr, b = cut(result.stderr)
+    rep, c = cut(result.return_repr) if result.return_repr is not None else (None, False)
+    value = result.return_value
+    if value is not None:
+        try:
+            too_big = len(orjson.dumps(value)) > cap
+        except (orjson.JSONEncodeError, TypeError):
+            too_big = True
+        if too_big:
+            value, c = None, True
+    changed = {"stdout": stdout, "stderr": stderr, "return_repr": rep, "return_value": value}
+    if len(result.files) > 1000:
+        changed.update(files=result.files[:1000], files_truncated=True)
+    if a or b or c:
+        hit = set(result.limits_hit) | {"output"}
+        changed["limits_hit"] = tuple(n for n in LIMIT_NAMES if n in hit)
+    return attrs.evolve(result, **changed)
 
 
 def result_to_json(result: ExecutionResult) -> dict[str, Any]:
@@ -247,10 +294,10 @@ class RemoteSandbox:
         source = _check_code(code)
         seeded = _check_files(files)
         lim = limits if limits is not None else self.limits
+        if not isinstance(lim, Limits):
+            raise SandboxInputError(f"limits must be a Limits, not {type(lim).__name__}")
         if timeout is not None:
-            if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
-                raise SandboxInputError(f"timeout must be a positive number of seconds, got {timeout!r}")
-            lim = attrs.evolve(lim, wall_seconds=float(timeout))
+            lim = attrs.evolve(lim, wall_seconds=check_timeout(timeout))
         g = await self.start()
         missing = tuple(r for r in self.required if not getattr(g, r))
         if missing:

@@ -1,63 +1,79 @@
-"""SubprocessSandbox: a uid drop, a seccomp filter and rlimits, without namespaces (for pip-only installs).
+"""SubprocessSandbox: a uid drop, a seccomp filter, Landlock and rlimits, without namespaces (for
+pip-only installs).
 
 The launcher chain of every run (as root)::
 
     setpriv --reuid=U --regid=U --clear-groups --inh-caps=-all --bounding-set=-all --nnp --pdeathsig KILL --
       prlimit --as --cpu --nproc --fsize --nofile --core=0 --
-      python3 -I -c RUNNER RESULT_FD SECCOMP_FD CAP
+      python3 -I -c RUNNER RESULT_FD SECCOMP_FD CAP OPTIONS
 
 with a cleared environment (``PATH``, ``HOME`` and ``TMPDIR`` = the work dir, ``LANG``) and the work
 dir as the current directory. The runner loads the seccomp BPF program (read from an inherited fd)
 before the code runs: setpriv 2.38 has no ``--seccomp-filter``, and a ``preexec_fn`` is not safe in
-a threaded asyncio process. After each run every process left running as ``U`` is killed (there is
-no PID namespace to tear down), which is why ``U`` must be used by nothing else.
+a threaded asyncio process. Then, in the process that runs the code, it applies **Landlock** (Linux
+5.13+, when the kernel enables it): the code may write only beneath its work dir, read only
+``/usr``, ``/lib*``, ``/bin``, ``/sbin``, the interpreter's prefix, ``ro_paths``, a few devices and
+its own ``/proc/self``; from Linux 6.7 no TCP either, and from 6.12 no abstract UNIX socket or
+signal reaches outside the run. After each run every process left running as ``U`` is killed
+(there is no PID namespace to tear down), which is why ``U`` must be used by nothing else.
 
-What does not hold, and :meth:`guarantees` says so:
+What holds depends on the kernel, and :meth:`guarantees` measures it:
 
-* ``filesystem_readonly``: world-writable directories (``/tmp``, ``/var/tmp``, ``/dev/shm``) are
-  writable; everything else is protected by ordinary file permissions only;
-* ``secrets_invisible``: world-readable files are readable (``/etc/passwd``, source trees with
-  mode 644); files readable only by their owner (mode 600, ``/etc/shadow``) are not;
-* ``network_isolated`` holds through the seccomp filter alone (no socket but AF_UNIX can be made),
-  not through a network namespace;
+* with Landlock: ``filesystem_readonly`` and ``secrets_invisible`` hold (the self-test's writes to
+  ``/tmp``, ``/dev/shm`` ... and reads of ``/etc/passwd``, ``/proc/1/cmdline`` are refused), and so
+  does ``memory_limited``;
+* without it (or with ``landlock=False``): world-writable directories (``/tmp``, ``/var/tmp``,
+  ``/dev/shm``) are writable, so ``filesystem_readonly`` does not hold (what the uid left at the top
+  of them is removed after each call; deeper entries in other world-writable directories are not);
+  ``/dev/shm`` is a tmpfs, so ``memory_limited`` does not hold either and the sandbox refuses by
+  default; world-readable files and other processes' command lines are readable, so
+  ``secrets_invisible`` does not hold (mode 600 files such as ``/etc/shadow`` stay unreadable);
+* ``network_isolated`` holds through the seccomp filter (no socket of any family), not through a
+  network namespace;
 * ``disk_quota``: nothing bounds the number of files.
 
 Not root, it cannot switch uid: ``uid_dropped`` and ``processes_limited`` do not hold, and by
 default ``run`` refuses (pass ``required=`` without them to opt in; the code then runs as your own
-uid and can read and write whatever you can).
+uid).
 """
 
 from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ._local import LocalSandbox
 from ._seccomp import DENIED_SYSCALLS, seccomp_available
-from .base import Guarantees, Limits, SandboxUnavailableError
+from .base import Guarantees, Limits, SandboxInputError, SandboxUnavailableError
 
 __all__ = ["SubprocessSandbox"]
 
 _BASE_ENV = ("PATH", "HOME", "TMPDIR", "LANG", "LC_CTYPE", "PWD")
+_SYSTEM_RO = ("/usr", "/lib", "/lib64", "/lib32", "/libx32", "/bin", "/sbin")
+_DEV_RW = ("/dev/null",)
+_DEV_RO = ("/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
 
 
 class SubprocessSandbox(LocalSandbox):
-    """Runs each call as a dedicated uid under seccomp and rlimits, without namespaces (see the
-    module docstring for what that leaves open).
+    """Runs each call as a dedicated uid under seccomp, Landlock and rlimits, without namespaces (see
+    the module docstring for what that leaves open).
 
     Args:
         limits: default :class:`~fsm_agent.sandbox.base.Limits` of each run.
         uids: the dedicated numeric uids (one per concurrent run); every process of such a uid is
             killed after each run, so nothing else may use them.
-        python: the interpreter (default ``/usr/bin/python3``; it must be executable by the uid).
+        python: the interpreter (default ``/usr/bin/python3``; it must be executable by the uid; its
+            prefix is readable under Landlock).
         required: guarantees that must hold, else ``run`` raises
             :class:`~fsm_agent.sandbox.base.GuaranteeNotHeldError`; default :attr:`DESIGNED`.
         keep_workdir: keep each run's work dir (its host path is ``ExecutionResult.workdir``).
         workdir_root: where work dirs are created (default: the system temp dir).
         env: extra environment variables for the code (never pass secrets).
+        ro_paths: extra host paths the code may read under Landlock (a virtualenv, data).
+        landlock: apply Landlock when the kernel has it (default ``True``); ``False`` leaves the code
+            the host's world-writable and world-readable files (and the guarantees say so).
 
     Raises:
         SandboxInputError: an option is invalid.
@@ -77,11 +93,20 @@ class SubprocessSandbox(LocalSandbox):
         keep_workdir: bool = False,
         workdir_root: str | os.PathLike[str] | None = None,
         env: Mapping[str, str] | None = None,
+        ro_paths: Sequence[str] = (),
+        landlock: bool = True,
     ) -> None:
         super().__init__(limits=limits, uids=uids, python=python, required=required, keep_workdir=keep_workdir,
                          workdir_root=workdir_root, env=env)
+        paths = [os.path.normpath(p) for p in ro_paths]
+        for p in paths:
+            if not isinstance(p, str) or not os.path.isabs(p) or p == "/":
+                raise SandboxInputError(f"ro_paths: {p!r} must be an absolute path other than '/'")
+        self.ro_paths = tuple(paths)
+        if not isinstance(landlock, bool):
+            raise SandboxInputError(f"landlock must be True or False, not {landlock!r}")
+        self.landlock = landlock
         self.setpriv = shutil.which("setpriv")
-        self.kill = shutil.which("kill")
 
     def __repr__(self) -> str:
         return f"SubprocessSandbox(uids={self.uids!r}, python={self.python!r}, limits={self.limits!r})"
@@ -94,6 +119,12 @@ class SubprocessSandbox(LocalSandbox):
         if self.root and not self.setpriv:
             raise SandboxUnavailableError("setpriv is not installed (needed to leave uid 0): apt-get install util-linux")
 
+    def _readable(self) -> list[str]:
+        prefixes = {os.path.dirname(os.path.dirname(p)) for p in (os.path.abspath(self.python),
+                                                                   os.path.realpath(self.python))}
+        paths = [*_SYSTEM_RO, *sorted(p for p in prefixes if p not in ("", "/")), *self.ro_paths, "/proc/self"]
+        return list(dict.fromkeys(paths))
+
     def _argv(self, uid: int | None, workdir: str, limits: Limits, result_fd: int,
               seccomp_fd: int) -> tuple[list[str], str, dict[str, str]]:
         argv: list[str] = []
@@ -103,7 +134,11 @@ class SubprocessSandbox(LocalSandbox):
                      "--bounding-set=-all", "--nnp", "--pdeathsig", "KILL", "--"]
         elif self.setpriv:
             argv += [self.setpriv, "--nnp", "--pdeathsig", "KILL", "--"]
-        argv += [*self._prlimit(limits), *self._runner_argv(limits, result_fd, seccomp_fd)]
+        options: dict[str, Any] = {}
+        if self.landlock:
+            options["landlock"] = {"ro": self._readable(), "rw": [workdir], "dev_rw": list(_DEV_RW),
+                                   "dev_ro": list(_DEV_RO)}
+        argv += [*self._prlimit(limits), *self._runner_argv(limits, result_fd, seccomp_fd, options)]
         env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": workdir, "TMPDIR": workdir, "LANG": "C.UTF-8",
                **self.env}
         return argv, workdir, env
@@ -111,14 +146,12 @@ class SubprocessSandbox(LocalSandbox):
     def _after_exit(self, uid: int | None) -> None:
         # no PID namespace: a process the code started (even one that left the session) lives on as U
         if uid is not None and self.setpriv:
-            from ._local import processes_of
-
-            if processes_of(uid):
-                kill = [self.kill, "-9", "-1"] if self.kill else [self.python, "-c",
-                                                                              "import os; os.kill(-1, 9)"]
-                subprocess.run([self.setpriv, f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--", *kill],
-                               capture_output=True, check=False, env={"PATH": "/usr/bin:/bin"})
+            self._kill_uid(uid)
         super()._after_exit(uid)
+
+    def _needs_sweep(self) -> bool:
+        g = self._guarantees
+        return g is None or not g.filesystem_readonly
 
     def _interpret(self, facts: dict[str, Any], limits: Limits) -> Guarantees:
         holds: dict[str, bool] = {}
@@ -129,39 +162,55 @@ class SubprocessSandbox(LocalSandbox):
             holds[name] = ok
             (how if ok else reasons)[name] = mechanism if ok else reason
 
+        got = facts.get("landlock_abi")
+        abi = got if isinstance(got, int) else 0
+        if not self.landlock:
+            landlock = "Landlock is switched off (landlock=False)"
+        elif abi < 1:
+            landlock = "the kernel has no Landlock (Linux 5.13+ with landlock in its LSM list)"
+        else:
+            landlock = f"Landlock ABI {abi}"
         seccomp_on = facts.get("seccomp") == "2"
-        inet = str(facts.get("inet_socket"))
-        put("network_isolated", inet.startswith("refused"),
-            "the seccomp filter refuses every socket but AF_UNIX (no network namespace: the host's devices "
-            "exist, no socket can reach them)",
-            "sockets can be opened: " + (seccomp_available()[1] or "no seccomp filter is loaded"))
+        inet, unix = str(facts.get("inet_socket")), str(facts.get("unix_socket"))
+        put("network_isolated", inet.startswith("refused") and unix.startswith("refused"),
+            "the seccomp filter refuses socket() for every family, AF_UNIX included (no network namespace: the "
+            "host's devices exist, no socket can reach them or a host service's UNIX socket)"
+            + ("; Landlock also refuses TCP" if self.landlock and abi >= 4 else ""),
+            "sockets can be opened (" + ", ".join(f"{k}: {v}" for k, v in (("AF_INET", inet), ("AF_UNIX", unix)))
+            + "): " + (seccomp_available()[1] or "no seccomp filter is loaded"))
         writable = facts.get("writable") or []
-        put("filesystem_readonly", not writable, "nothing outside the work dir is writable by the uid",
-            f"no mount namespace: these host directories are writable by the code: {writable}")
+        put("filesystem_readonly", not writable,
+            f"{landlock}: the code may write only beneath its work dir",
+            f"no mount namespace and {landlock}: these host directories are writable by the code: {writable} "
+            "(what the uid leaves at their top is removed after each call)")
         readable = facts.get("readable") or []
-        put("secrets_invisible", False, "",
-            "no mount namespace: world-readable host files are readable (e.g. /etc/passwd, source trees); files "
-            "readable only by their owner (mode 600, /etc/shadow) are not"
-            + (f"; readable now: {readable}" if "/etc/shadow" in readable else ""))
+        put("secrets_invisible", not readable,
+            f"{landlock}: the code may read only /usr, /lib*, /bin, /sbin, the interpreter's prefix"
+            + (f", {', '.join(self.ro_paths)}" if self.ro_paths else "") + ", its work dir and its own /proc/self",
+            f"no mount namespace and {landlock}: world-readable host files and other processes' command lines are "
+            f"readable (readable now: {readable}); files readable only by their owner (mode 600, /etc/shadow) are not")
         allowed = set(_BASE_ENV) | set(self.env)
         extra_env = [k for k in facts.get("env") or [] if k not in allowed]
         put("env_cleared", not extra_env, "the launcher is given only PATH, HOME, TMPDIR, LANG"
             + (f" and {', '.join(sorted(self.env))}" if self.env else ""), f"variables passed in: {extra_env}")
         ok_sc, why_sc = seccomp_available()
         put("seccomp_filter", seccomp_on,
-            "loaded by the runner (no_new_privs, then PR_SET_SECCOMP) before the code: non-AF_UNIX sockets refused "
-            f"(EACCES), clone3 ENOSYS, new user namespaces and {', '.join(DENIED_SYSCALLS)} refused (EPERM)",
+            "loaded by the runner (no_new_privs, then PR_SET_SECCOMP) before the code: sockets refused (EACCES), "
+            "System V IPC and memfd refused, clone3 ENOSYS, new user namespaces and "
+            f"{', '.join(DENIED_SYSCALLS)} refused (EPERM)",
             why_sc if not ok_sc else f"no seccomp filter is loaded (Seccomp: {facts.get('seccomp')})")
         uid = facts.get("uid")
         dropped = (self.root and uid in self.uids and facts.get("euid") == uid and facts.get("gid") == uid
                    and not facts.get("groups") and facts.get("cap_eff") == "0000000000000000")
         put("uid_dropped", bool(dropped),
             f"setpriv to the dedicated uid {uid} (no groups, empty capability and bounding sets, no_new_privs)",
-            "not root: cannot switch to a dedicated uid; the code runs as your own uid and can read and write what "
-            "you can" if not self.root else f"the code runs as uid {uid}, groups {facts.get('groups')}")
+            "not root: cannot switch to a dedicated uid; the code runs as your own uid" if not self.root
+            else f"the code runs as uid {uid}, groups {facts.get('groups')}")
         rl = self._rlimit_checks(facts, limits)
-        for name in ("memory_limited", "cpu_limited", "file_size_limited"):
+        for name in ("cpu_limited", "file_size_limited"):
             put(name, rl[name][0], rl[name][1], f"{name.replace('_limited', '')} rlimit not in force: {facts.get('rlimits')}")
+        ok_mem, mech_mem, why_mem = self._memory_check(facts, limits, extra=f"; {landlock} keeps /dev/shm unwritable")
+        put("memory_limited", ok_mem, mech_mem, why_mem)
         put("processes_limited", bool(rl["nproc_set"][0] and dropped),
             f"RLIMIT_NPROC={limits.processes} for a dedicated uid; what is left running is killed after each run",
             "RLIMIT_NPROC does not bind: " + ("it is not set" if not rl["nproc_set"][0] else
@@ -171,4 +220,5 @@ class SubprocessSandbox(LocalSandbox):
             "their number is not")
         return Guarantees(self.NAME, **holds, reasons=reasons, mechanisms=how, details={
             "uids": list(self.uids) if self.root else [os.geteuid()], "python": self.python,
-            "setpriv": self.setpriv, "root": self.root, "self_test": facts})
+            "setpriv": self.setpriv, "root": self.root, "landlock_abi": abi, "landlock": self.landlock,
+            "self_test": facts})

@@ -101,7 +101,8 @@ async def test_the_result_reaches_the_model_and_the_ledger_records_it(box: Count
     ledger = await store.ledger("s-ca")
     assert {e.tool for e in ledger.values()} == {"run_python"}
     assert {e.status for e in ledger.values()} == {LedgerStatus.COMPLETED}
-    assert {e.effect for e in ledger.values()} == {"pure" if kind == "bubblewrap" else "side_effect"}
+    # pure where nothing outside the thrown-away work dir can be written (bubblewrap; subprocess with Landlock)
+    assert {e.effect for e in ledger.values()} == {"pure" if box.guarantees().filesystem_readonly else "side_effect"}
     assert sorted(e.arguments["code"] for e in ledger.values()) == sorted(c.input["code"] for c in calls.tool_calls)
 
 
@@ -183,7 +184,11 @@ async def test_a_limit_hit_comes_back_as_a_tool_error_naming_the_limit(box: Coun
 
 def test_the_effect_follows_the_guarantees(kind: str, reachable_dir: Any) -> None:
     sb = build(kind, workdir_root=reachable_dir)
-    assert codeact_tool(sb).effect is (ToolEffect.PURE if kind == "bubblewrap" else ToolEffect.SIDE_EFFECT)
+    assert sb.guarantees().filesystem_readonly  # bubblewrap's mount namespace; subprocess: Landlock
+    assert codeact_tool(sb).effect is ToolEffect.PURE
+    if kind == "subprocess":  # without Landlock the host's /tmp is writable: a repeat may do something twice
+        open_fs = build(kind, workdir_root=reachable_dir, landlock=False, required=())
+        assert codeact_tool(open_fs).effect is ToolEffect.SIDE_EFFECT
     kept = build(kind, workdir_root=reachable_dir, keep_workdir=True)
     assert codeact_tool(kept).effect is ToolEffect.SIDE_EFFECT  # a kept work dir is state left behind
     assert codeact_tool(sb, effect="idempotent").effect is ToolEffect.IDEMPOTENT

@@ -79,6 +79,11 @@ class Service:
         doc = {"result": result_to_json(result)}
         if self.fault == "shape":
             doc = {"result": {"stdout": 5}}
+        if self.fault == "overflow":  # a service that ignores the limits it was sent
+            doc["result"].update(stdout="o" * (1 << 20), stderr="é" * (1 << 19), return_repr="r" * (1 << 20),
+                                 files=[{"path": f"f{i}", "change": "created"} for i in range(2000)])
+        if self.fault == "huge":
+            doc["result"]["stdout"] = "h" * (2 << 20)
         return web.Response(body=orjson.dumps(doc), content_type="application/json")
 
 
@@ -185,3 +190,21 @@ async def test_input_is_checked_locally_and_by_the_service(service: tuple[Servic
         "file_size_bytes": 16 * 1024 * 1024, "open_files": 64, "output_bytes": 65536}
     await sb.aclose()
     await executor.aclose()
+
+
+async def test_an_answer_beyond_the_limits_is_cut_or_refused(service: tuple[Service, str]) -> None:
+    """The service is not trusted to keep the limits: its texts are cut to output_bytes, its files to
+    1,000, and a body larger than max_body_bytes is refused without being read to its end."""
+    svc, url = service
+    svc.fault = "overflow"
+    sb = RemoteSandbox(HttpRemoteExecutor(url), limits=Limits(output_bytes=4096))
+    r = await sb.run("1")
+    assert len(r.stdout.encode()) == 4096 and len(r.stderr.encode()) <= 4096 and r.stderr.startswith("é")
+    assert r.return_repr == "r" * 4096 and len(r.files) == 1000 and r.files_truncated
+    assert "output" in r.limits_hit
+    svc.fault = "huge"
+    small = RemoteSandbox(HttpRemoteExecutor(url, max_body_bytes=1 << 20))
+    with pytest.raises(RemoteSandboxError, match="larger than 1048576 bytes"):
+        await small.run("1")
+    await sb.aclose()
+    await small.aclose()
