@@ -3,7 +3,7 @@
 * :class:`Sandbox` — the protocol (``run``, ``start``/``guarantees``, ``aclose``), with
   :class:`Limits`, :class:`ExecutionResult`, :class:`Guarantees` (:mod:`fsm_agent.sandbox.base`);
 * :class:`BubblewrapSandbox` — setpriv + bwrap + seccomp + prlimit, the default when ``bwrap`` exists;
-* :class:`SubprocessSandbox` — uid drop + seccomp + rlimits, for pip-only installs;
+* :class:`SubprocessSandbox` — uid drop + seccomp + Landlock + rlimits, for pip-only installs;
 * :class:`RemoteSandbox` over a :class:`RemoteExecutor` (:class:`HttpRemoteExecutor`: HTTP JSON);
 * :func:`codeact_tool` — the sandbox as an ordinary tool; :func:`default_sandbox`;
   :func:`record_guarantees`.

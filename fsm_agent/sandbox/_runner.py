@@ -7,7 +7,8 @@ It is trusted code that runs inside the sandbox before the model's code, as the 
 2. it closes every inherited fd but stdio and the result pipe, and reads the code from stdin;
 3. it forks: the parent stays a **monitor** (not dumpable, so the code, although it runs as the
    same uid, cannot open its ``/proc`` files or descriptors; ``ptrace`` and ``pidfd_getfd`` are
-   refused by the seccomp filter) and alone holds the result pipe; the child applies the Landlock
+   refused by the seccomp filter) and alone holds the result pipe; the child waits until the
+   monitor is no longer dumpable, then applies the Landlock
    rules when asked (the subprocess sandbox: writes only in the work dir, reads only under the
    given paths, no TCP, no abstract UNIX sockets or signals outside the run), notes failed
    ``fork``/thread starts (the ``processes`` limit) and runs the code as ``__main__``: the last
@@ -30,19 +31,19 @@ of JSON ``{"exit": N}`` or ``{"signal": N}`` with ``"cpu_s"``, a newline, and th
 
 from __future__ import annotations
 
-# Everything the report needs is imported before the code runs: code that uses up its file
-# descriptors or breaks the import system must not lose its report.
-import ast
-import builtins
+# Only what the monitor needs is imported before the fork: every page the two processes share is
+# copied when the child, exiting, touches it. The child imports what the report needs before the
+# code runs (code that uses up its file descriptors or breaks the import system must not lose its
+# report; the traceback module is imported only for an error, with a bare "Type: message" when it
+# cannot be).
 import errno
-import json
-import linecache
 import os
 import select
 import sys
-import traceback
-import types
-from typing import Any, Callable, Dict, List, Optional
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Callable, Dict, List, Optional
 
 STARTED = b"S"
 """Written to the result pipe first: the interpreter started (so a missing marker means the launcher
@@ -57,8 +58,9 @@ INT_MIN, INT_MAX = -(2 ** 63), 2 ** 64 - 1
 floats, losing digits): the value is then given by its exact ``repr`` only."""
 
 _hit: "set[str]" = set()
-_dumps, _loads = json.dumps, json.loads  # the code may replace json.dumps; the report must not use its version
 _write, _close = os.write, os.close
+_dumps: "Callable[..., str]"  # json.dumps and json.loads as the child imported them, before the code ran
+_loads: "Callable[..., Any]"
 
 
 def _libc() -> Any:
@@ -258,13 +260,16 @@ def _cut(text: str, cap: int, keep_end: bool = False) -> str:
 
 
 def _error(exc: BaseException, source: str, cap: int) -> Dict[str, Any]:
-    linecache.cache["<code>"] = (len(source), None, source.splitlines(True), "<code>")
     tb = exc.__traceback__
     while tb is not None and tb.tb_frame.f_code.co_filename != "<code>":
         tb = tb.tb_next  # drop the runner's own frames
     try:
+        import linecache
+        import traceback
+
+        linecache.cache["<code>"] = (len(source), None, source.splitlines(True), "<code>")
         text = "".join(traceback.format_exception(type(exc), exc, tb))
-    except BaseException:  # noqa: BLE001 - a broken __str__ inside the chain
+    except BaseException:  # noqa: BLE001 - no file descriptor left to import with, or a broken __str__
         text = f"{type(exc).__name__}: <the traceback could not be formatted>\n"
     line: Optional[int] = None
     if isinstance(exc, SyntaxError):
@@ -291,6 +296,10 @@ def _write_all(fd: int, data: bytes) -> None:
 
 def _run_code(source: str, report_fd: int, cap: int) -> int:
     """The child: run the code, write the report to ``report_fd``, return the exit status."""
+    import ast
+    import builtins
+    import types
+
     sys.argv = ["<code>"]
     sys.dont_write_bytecode = True  # no __pycache__ among the files the run changed
     sys.path.insert(0, os.getcwd())  # -I leaves the work dir off the path; the code's own modules live there
@@ -380,22 +389,18 @@ def _monitor(pid: int, report_r: int, result_fd: int, keep: int) -> None:
         _, status, usage = os.wait4(pid, 0)
         waited = (status, usage)
     status, usage = waited
-    doc: Dict[str, Any] = {"cpu_s": round(usage.ru_utime + usage.ru_stime, 3)}
-    if os.WIFSIGNALED(status):
-        doc["signal"] = os.WTERMSIG(status)
-    else:
-        doc["exit"] = os.WEXITSTATUS(status)
+    how = f'"signal": {os.WTERMSIG(status)}' if os.WIFSIGNALED(status) else f'"exit": {os.WEXITSTATUS(status)}'
+    line = '{"cpu_s": %.3f, %s}\n' % (usage.ru_utime + usage.ru_stime, how)
     try:
-        _write_all(result_fd, STATUS + json.dumps(doc).encode() + b"\n" + bytes(kept))
+        _write_all(result_fd, STATUS + line.encode() + bytes(kept))
     except OSError:
         pass
 
 
 def main(argv: List[str]) -> int:
     result_fd, seccomp_fd, cap = int(argv[0]), int(argv[1]), int(argv[2])
-    options = json.loads(argv[3]) if len(argv) > 3 else {}
     if seccomp_fd >= 0:
-        _load_seccomp(seccomp_fd)
+        _load_seccomp(seccomp_fd)  # before the fork: the monitor is filtered too
     keep = {0, 1, 2, result_fd}
     for name in os.listdir("/proc/self/fd") if os.path.isdir("/proc/self/fd") else []:
         fd = int(name)
@@ -406,25 +411,40 @@ def main(argv: List[str]) -> int:
                 pass
     os.set_inheritable(result_fd, False)
     os.write(result_fd, STARTED)
+    report_r, report_w = os.pipe()  # both close-on-exec: a program the code execs never holds them
+    go_r, go_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(report_r)
+        os.close(result_fd)
+        os.close(go_w)
+        return _child(argv[3] if len(argv) > 3 else "{}", report_w, go_r, cap)
+    os.close(report_w)
+    os.close(go_r)
+    _set_dumpable(0)  # from now on the code's uid cannot open the monitor's /proc files or descriptors
+    os.write(go_w, b"g")  # only then may the code run
+    os.close(go_w)
+    _monitor(pid, report_r, result_fd, 4 * cap + 65536)
+    os._exit(0)
+
+
+def _child(options: str, report_w: int, go_r: int, cap: int) -> int:
+    global _dumps, _loads
+    import json
+
+    _dumps, _loads = json.dumps, json.loads  # the code may replace json.dumps; the report must not use its version
+    spec = _loads(options)
     source = sys.stdin.buffer.read().decode("utf-8", "replace")
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.close(null)
-    report_r, report_w = os.pipe()  # both close-on-exec: a program the code execs never holds them
-    _set_dumpable(0)  # before the fork: the monitor is never readable by the code's uid
-    pid = os.fork()
-    if pid == 0:
-        _set_dumpable(1)
-        os.close(report_r)
-        os.close(result_fd)
-        os.register_at_fork(after_in_child=lambda: _close_quietly(report_w))  # the code's own forks
-        landlock = options.get("landlock")
-        if landlock:
-            _landlock(landlock)
-        return _run_code(source, report_w, cap)
-    os.close(report_w)
-    _monitor(pid, report_r, result_fd, 4 * cap + 65536)
-    os._exit(0)
+    os.register_at_fork(after_in_child=lambda: _close_quietly(report_w))  # the code's own forks
+    os.read(go_r, 1)  # the monitor is not dumpable any more (or it died: then this run ends anyway)
+    os.close(go_r)
+    landlock = spec.get("landlock")
+    if landlock:
+        _landlock(landlock)
+    return _run_code(source, report_w, cap)
 
 
 def _close_quietly(fd: int) -> None:

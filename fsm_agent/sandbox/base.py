@@ -7,8 +7,8 @@ A sandbox runs model-written Python (CodeAct) under operating-system isolation a
 :class:`~fsm_agent.sandbox.bubblewrap.BubblewrapSandbox`  ``setpriv`` to a dedicated uid, ``bwrap``
                                                       namespaces, seccomp, ``prlimit`` (the default
                                                       when ``bwrap`` is installed)
-:class:`~fsm_agent.sandbox.subprocess.SubprocessSandbox`  uid drop, seccomp and rlimits, no namespaces
-                                                      (for pip-only installs)
+:class:`~fsm_agent.sandbox.subprocess.SubprocessSandbox`  uid drop, seccomp, Landlock and rlimits, no
+                                                      namespaces (for pip-only installs)
 :class:`~fsm_agent.sandbox.remote.RemoteSandbox`      a remote executor over HTTP JSON (or any
                                                       :class:`~fsm_agent.sandbox.remote.RemoteExecutor`)
 ====================================================  =============================================

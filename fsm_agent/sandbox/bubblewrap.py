@@ -9,7 +9,7 @@ this recipe passed)::
             --ro-bind /usr /usr   (and /lib, /lib64, /bin, /sbin as the host has them: symlinks or read-only binds)
             --proc /proc --dev /dev --size TMP_BYTES --tmpfs /dev/shm --remount-ro /dev
             --size TMP_BYTES --tmpfs /tmp
-            --bind WORKDIR /work --chdir /work
+            --bind ROOT/fsm-sandbox-bubblewrap-XXXX/work /work --chdir /work
             --remount-ro /
             --clearenv --setenv PATH ... --setenv HOME /work --setenv TMPDIR /tmp --setenv LANG C.UTF-8
             --seccomp FD
@@ -17,15 +17,17 @@ this recipe passed)::
       python3 -I -c RUNNER
 
 ``U`` is a dedicated numeric uid from the pool (default
-:data:`~fsm_agent.sandbox._local.DEFAULT_UIDS`). The root check matters: bwrap and rlimits as root
+:data:`~fsm_agent.sandbox._local.DEFAULT_UIDS`), locked machine-wide for the call. The runner forks
+a monitor that reports the code's true exit status or signal (bwrap itself turns a death by signal
+N into exit status 128+N, which code could fake). The root check matters: bwrap and rlimits as root
 keep uid 0 (``RLIMIT_NPROC`` is ignored for it), so as root the uid is always dropped first. Run as
 an ordinary user, ``setpriv`` is left out and the code runs as that user's uid inside the user
 namespace (``uid_dropped`` and ``processes_limited`` then do not hold).
 
 Beyond the recorded recipe: ``--unshare-user --disable-userns`` (no nested user namespaces),
 ``--size`` on ``/tmp`` and ``/dev/shm`` and a read-only ``/dev`` (a tmpfs holds memory that
-``RLIMIT_AS`` does not count), ``--hostname``, and
-``--inh-caps=-all --bounding-set=-all`` on setpriv.
+``RLIMIT_AS`` does not count), ``--hostname``, ``--inh-caps=-all --bounding-set=-all`` on
+setpriv, and a seccomp filter that also refuses AF_UNIX sockets, System V IPC and memfd.
 """
 
 from __future__ import annotations
