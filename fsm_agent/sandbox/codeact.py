@@ -19,8 +19,9 @@ What the model gets back:
 Effect (what a resume may repeat), chosen from the sandbox's guarantees unless ``effect=`` is given:
 ``pure`` when the sandbox reports ``network_isolated`` and ``filesystem_readonly`` and throws each
 call's work dir away (then a call leaves nothing behind, and repeating it after a crash cannot do
-anything twice); ``side_effect`` otherwise (the subprocess sandbox can write ``/tmp``; a remote
-executor, or a kept work dir, may keep state).
+anything twice): the bubblewrap sandbox, and the subprocess sandbox with Landlock; ``side_effect``
+otherwise (the subprocess sandbox without Landlock can write ``/tmp``; a remote executor, or a kept
+work dir, may keep state).
 
 Where the guarantees are recorded for the session:
 
