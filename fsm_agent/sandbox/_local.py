@@ -1076,7 +1076,8 @@ class LocalSandbox:
                 raise SandboxError(f"the {self.NAME} sandbox's output did not close after its interpreter exited",
                                    sandbox=self.NAME) from exc
         except BaseException:
-            await asyncio.shield(self._abort(proc, uid, tasks))
+            # to its end even if cancelled again: the uid's lock is released only after this
+            await _settle(asyncio.ensure_future(self._abort(proc, uid, tasks)))
             raise
         finally:
             for fd in ours + theirs:

@@ -176,6 +176,16 @@ async def test_cancelling_at_any_point_leaves_no_work_dir_and_frees_the_uid(make
         with pytest.raises(asyncio.CancelledError):
             await task
         assert list(root.iterdir()) == []
+    daemons = "import os, time\nfor i in range(4):\n    if os.fork() == 0:\n        os.setsid()\n        time.sleep(60)\ntime.sleep(60)"
+    for delay in (0.0, 0.001, 0.01):  # cancelled again while the first cancellation cleans up
+        task = asyncio.ensure_future(sb.run(daemons))
+        await wait_for(lambda: sum(len(processes_of(u)) for u in sb.uids) >= 4)
+        task.cancel()
+        await asyncio.sleep(delay)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert list(root.iterdir()) == [] and not any(processes_of(u) for u in sb.uids)
     assert not BUSY_UIDS & set(sb.uids)
     for uid in sb.uids:  # every lock is free again, and says that no call runs
         slot = _try_lock(uid)
