@@ -1192,7 +1192,7 @@ class LocalSandbox:
         kind = fs_type(self._root_dir)
         if kind in ("tmpfs", "ramfs"):
             problems.append(f"workdir_root {self._root_dir} is a {kind}: the work dir's files are RAM, and their "
-                            "number is not bounded")
+                            "number is not bounded (pass workdir_root= a directory on a disk, such as /var/tmp)")
         mechanism = (f"RLIMIT_AS={limits.memory_bytes} per process (at most {limits.processes} processes); the "
                      "seccomp filter refuses System V shared memory, message queues and memfd_create" + extra)
         return not problems, mechanism, "; ".join(problems)
