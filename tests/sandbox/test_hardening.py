@@ -360,3 +360,23 @@ async def test_without_landlock_what_the_uid_left_is_removed_after_the_call(reac
     assert not sb.guarantees().filesystem_readonly  # ... and the guarantees say so
     for uid in sb.uids:
         assert _uid_entries(uid) == []  # ... and nothing of it is left after
+
+
+async def test_a_work_dir_on_a_tmpfs_is_reported_as_unbounded_memory(kind: str) -> None:
+    """Files in a work dir on a tmpfs are RAM, their number unbounded: memory_limited must not hold."""
+    from fsm_agent.sandbox._local import fs_type
+
+    if fs_type("/dev/shm") != "tmpfs":
+        pytest.skip("no tmpfs at /dev/shm on this machine")
+    root = Path(tempfile.mkdtemp(prefix="fsm-hardening-", dir="/dev/shm"))
+    root.chmod(0o755)
+    try:
+        sb = build(kind, workdir_root=root)
+        g = await sb.start()
+        assert not g.memory_limited and "is a tmpfs" in g.reasons["memory_limited"]
+        with pytest.raises(GuaranteeNotHeldError, match="memory_limited"):
+            await sb.run("1")
+    finally:
+        import shutil
+
+        shutil.rmtree(root, ignore_errors=True)
