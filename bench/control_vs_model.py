@@ -16,7 +16,7 @@ that comparison, in one run, on a fixed task set (``_control_world.TASKS``: 8 su
   it is.
 * ``runtime control``: an fsm_agent :class:`~fsm_agent.Agent` on a SQLite store, with the
   ``retry`` plugin (re-issues a dropped model call), the default plugins (``repair``,
-  ``loop_detection``), a ``tool_policy`` (an allow-list with argument rules), the ``planact``
+  ``loop_detection``, ``repeat_guard``), a ``tool_policy`` (an allow-list with argument rules), the ``planact``
   plugin (a planner, programmatic node checks, a replanner when a node fails its check: the node
   checks are the verifier, built from the task's acceptance rule, which reads the transcript,
   never the world), ``RunConfig.tool_timeout`` and the tool-call ledger. An interrupt is
@@ -536,7 +536,8 @@ async def runtime_control(mode: str, task: Task, provider: Provider, world: Worl
         for name, hit in (("verifier rejections", msg.get("role") == "user" and "did not pass verification" in text),
                           ("tool timeouts", meta.get("error") == "timeout"),
                           ("outcome unknown results", meta.get("synthetic") == "interrupted"),
-                          (f"calls denied by {meta.get('denied_by')}", bool(meta.get("denied_by")))):
+                          (f"calls denied by {meta.get('denied_by')}", bool(meta.get("denied_by"))),
+                          (f"calls answered by {meta.get('responded_by')}", bool(meta.get("responded_by")))):
             if hit:
                 actions[name] = actions.get(name, 0) + 1
     actions["model retries"] = counts.get("model_retry", 0)
