@@ -254,6 +254,31 @@ def _check_code(code: Any) -> bytes:
     return data
 
 
+def checked_run(code: Any, files: Mapping[str, bytes | str] | None, limits: Limits | None, timeout: float | None,
+                default: Limits) -> tuple[str, list[tuple[str, bytes]], Limits]:
+    """A run's inputs, checked the same way by every sandbox: the source, the seeded files, and the
+    limits (``limits`` or ``default``, with ``timeout`` as the wall limit when given).
+
+    Raises:
+        SandboxInputError: ``code``, ``files``, ``limits`` or ``timeout`` is invalid.
+    """
+    source = _check_code(code)
+    seeded = _check_files(files)
+    lim = limits if limits is not None else default
+    if not isinstance(lim, Limits):
+        raise SandboxInputError(f"limits must be a Limits, not {type(lim).__name__}")
+    if timeout is not None:
+        lim = attrs.evolve(lim, wall_seconds=check_timeout(timeout))
+    return source.decode("utf-8", "surrogatepass"), seeded, lim
+
+
+def check_required(name: str, required: Sequence[str], g: Guarantees) -> None:
+    """Raise :class:`GuaranteeNotHeldError` when a guarantee in ``required`` does not hold in ``g``."""
+    missing = tuple(r for r in required if not getattr(g, r))
+    if missing:
+        raise GuaranteeNotHeldError(name, missing, g)
+
+
 async def _settle(fut: asyncio.Future[T]) -> T:
     """Await ``fut`` (a job in a thread) to its end even when cancelled meanwhile, then re-raise the
     cancellation: a job that touches the run's descriptors or its uid must never outlive its caller."""
@@ -894,18 +919,9 @@ class LocalSandbox:
                 must be a finite positive number of seconds).
             SandboxError: the launcher chain or the interpreter did not start.
         """
-        source = _check_code(code)
-        seeded = _check_files(files)
-        lim = limits if limits is not None else self.limits
-        if not isinstance(lim, Limits):
-            raise SandboxInputError(f"limits must be a Limits, not {type(lim).__name__}")
-        if timeout is not None:
-            lim = attrs.evolve(lim, wall_seconds=check_timeout(timeout))
-        g = await self.start()
-        missing = tuple(r for r in self.required if not getattr(g, r))
-        if missing:
-            raise GuaranteeNotHeldError(self.NAME, missing, g)
-        return await self._execute(source.decode("utf-8", "surrogatepass"), seeded, lim)
+        source, seeded, lim = checked_run(code, files, limits, timeout, self.limits)
+        check_required(self.NAME, self.required, await self.start())
+        return await self._execute(source, seeded, lim)
 
     # -- one run ----------------------------------------------------------------------------------
     async def _take_uid(self) -> _Slot | None:

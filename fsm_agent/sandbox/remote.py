@@ -49,12 +49,11 @@ import orjson
 from attrs import field, frozen
 
 from ..types.codec import structure, unstructure
-from ._local import _check_code, _check_files
+from ._local import check_required, checked_run
 from .base import (
     GUARANTEE_NAMES,
     LIMIT_NAMES,
     ExecutionResult,
-    GuaranteeNotHeldError,
     Guarantees,
     Limits,
     RemoteSandboxError,
@@ -291,19 +290,9 @@ class RemoteSandbox:
 
     async def run(self, code: str, *, files: Mapping[str, bytes | str] | None = None,
                   timeout: float | None = None, limits: Limits | None = None) -> ExecutionResult:
-        source = _check_code(code)
-        seeded = _check_files(files)
-        lim = limits if limits is not None else self.limits
-        if not isinstance(lim, Limits):
-            raise SandboxInputError(f"limits must be a Limits, not {type(lim).__name__}")
-        if timeout is not None:
-            lim = attrs.evolve(lim, wall_seconds=check_timeout(timeout))
-        g = await self.start()
-        missing = tuple(r for r in self.required if not getattr(g, r))
-        if missing:
-            raise GuaranteeNotHeldError("remote", missing, g)
-        return await self.executor.execute(
-            RemoteRequest(source.decode("utf-8", "surrogatepass"), dict(seeded), lim))
+        source, seeded, lim = checked_run(code, files, limits, timeout, self.limits)
+        check_required("remote", self.required, await self.start())
+        return await self.executor.execute(RemoteRequest(source, dict(seeded), lim))
 
     async def aclose(self) -> None:
         await self.executor.aclose()
