@@ -10,11 +10,14 @@ rlimits) still does.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import sysconfig
+from collections.abc import Iterator
 
 import orjson
 import pytest
@@ -63,18 +66,40 @@ def _why_not() -> str | None:
     return None
 
 
+@contextlib.contextmanager
+def _traversable(*paths: str) -> Iterator[None]:
+    """Let any uid pass through the directories above ``paths`` for the block (``o+x``), then put
+    their modes back. A checkout and its venv often sit under a mode-700 directory (``/root``, a
+    ``mktemp -d``), which the unprivileged uid could not enter to import fsm_agent."""
+    changed: list[tuple[str, int]] = []
+    try:
+        for path in paths:
+            parts = os.path.abspath(path).split(os.sep)
+            for i in range(2, len(parts) + 1):
+                d = os.sep.join(parts[:i])
+                mode = stat.S_IMODE(os.stat(d).st_mode)
+                if not mode & stat.S_IXOTH and all(d != c for c, _ in changed):
+                    os.chmod(d, mode | stat.S_IXOTH)
+                    changed.append((d, mode))
+        yield
+    finally:
+        for d, mode in reversed(changed):
+            os.chmod(d, mode)
+
+
 async def test_not_root_refuses_by_default_and_runs_as_your_uid_when_opted_in() -> None:
     why = _why_not()
     if why:
         pytest.skip(why)
     repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/tmp",
-           "PYTHONPATH": f"{repo}:{sysconfig.get_paths()['purelib']}"}
-    proc = await asyncio.create_subprocess_exec(
-        "setpriv", f"--reuid={NON_ROOT_UID}", f"--regid={NON_ROOT_UID}", "--clear-groups", "--",
-        "/usr/bin/python3", "-c", HELPER, "bwrap" if shutil.which("bwrap") else "-",
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env)
-    out, err = await asyncio.wait_for(proc.communicate(), 120)
+    purelib = sysconfig.get_paths()["purelib"]
+    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/tmp", "PYTHONPATH": f"{repo}:{purelib}"}
+    with _traversable(repo, purelib):
+        proc = await asyncio.create_subprocess_exec(
+            "setpriv", f"--reuid={NON_ROOT_UID}", f"--regid={NON_ROOT_UID}", "--clear-groups", "--",
+            "/usr/bin/python3", "-c", HELPER, "bwrap" if shutil.which("bwrap") else "-",
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env)
+        out, err = await asyncio.wait_for(proc.communicate(), 120)
     assert proc.returncode == 0, err.decode()
     doc = orjson.loads(out)
     sub = doc["subprocess"]
