@@ -7,6 +7,7 @@
 * :class:`DropProxy` is a loopback TCP proxy that cuts the server-to-client side of chosen
   connections after a number of bytes (a dropped stream), and records each request's head.
 * :func:`rpc`, :func:`sse_frames`: one JSON-RPC call; the frames of an SSE answer.
+* :data:`GATE`, :func:`holding_tool` and :data:`step`: tools a test holds in flight, then lets go.
 """
 
 from __future__ import annotations
@@ -23,7 +24,42 @@ import aiohttp
 import orjson
 from aiohttp import web
 
+from fsm_agent import Tool, tool
+
 A2A = {"A2A-Version": "1.0"}
+
+GATE: dict[str, Any] = {}
+"""What a holding tool waits on: ``started`` (set when one starts), ``release`` (set it to let the
+tool finish) and ``cancelled`` (how many were cancelled). A test module's autouse fixture calls
+:func:`reset_gate` before each test."""
+
+
+def reset_gate() -> None:
+    """A fresh :data:`GATE` for the next test."""
+    GATE.update(started=asyncio.Event(), release=asyncio.Event(), cancelled=0)
+
+
+def holding_tool(name: str = "hold", *, result: str = "released", effect: str = "pure") -> Tool:
+    """A tool named ``name`` that waits until the test sets ``GATE["release"]`` (or its run is
+    interrupted or cancelled, which it counts), then answers ``result``."""
+
+    async def hold() -> str:
+        """Wait until the test lets go (or the run is interrupted or cancelled)."""
+        GATE["started"].set()
+        try:
+            await GATE["release"].wait()
+        except asyncio.CancelledError:
+            GATE["cancelled"] += 1
+            raise
+        return result
+
+    return tool(name=name, effect=effect)(hold)
+
+
+@tool
+def step(n: int) -> str:
+    """One step."""
+    return f"step {n} done"
 
 
 class Live:

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from a2a_peers import Live
-from fsm_agent import Agent, Cancel, Interrupt, ScriptedProvider, StopReason, tool
+from a2a_peers import GATE, Live, holding_tool, reset_gate
+from fsm_agent import Agent, Cancel, Interrupt, ScriptedProvider, StopReason
 from fsm_agent.orchestration.a2a import A2AClient, TaskState, fetch_agent_card, remote_agent_tool
 from fsm_agent.providers import tool_call_response
 from fsm_agent.server import create_app
@@ -29,24 +29,12 @@ from fsm_agent.types import ToolResultMessage, ToolUseBlock, Usage
 from fsm_agent_middleware.approval import HumanApproval
 from server.common import RAN, approval_agent
 
-GATE: dict[str, Any] = {}
-
-
-@tool(effect="side_effect")
-async def hold() -> str:
-    """Wait until the test lets go."""
-    GATE["started"].set()
-    try:
-        await GATE["release"].wait()
-    except asyncio.CancelledError:
-        GATE["cancelled"] += 1
-        raise
-    return "released"
+hold = holding_tool(effect="side_effect")
 
 
 @pytest.fixture(autouse=True)
 def _gate() -> None:
-    GATE.update(started=asyncio.Event(), release=asyncio.Event(), cancelled=0)
+    reset_gate()
     RAN.clear()
 
 

@@ -17,8 +17,8 @@ from typing import Any
 import httpx
 import pytest
 
-from a2a_peers import DropProxy, Live, SdkExecutor, sdk_server
-from fsm_agent import Agent, Cancel, ScriptedProvider, StopReason, tool
+from a2a_peers import GATE, DropProxy, Live, SdkExecutor, holding_tool, reset_gate, sdk_server
+from fsm_agent import Agent, Cancel, ScriptedProvider, StopReason
 from fsm_agent.orchestration.a2a import (A2AClient, A2ARemoteError, AgentCard, AgentCardError, RemoteTask,
                                          TaskState, fetch_agent_card, remote_agent_tool)
 from fsm_agent.providers import tool_call_response
@@ -34,24 +34,12 @@ try:
 except ImportError:  # pragma: no cover
     pytest.fail("the official a2a-sdk is the A2A test peer: pip install -e '.[dev]'", pytrace=False)
 
-GATE: dict[str, Any] = {}
-
-
-@tool
-async def hold() -> str:
-    """Wait until the test lets go."""
-    GATE["started"].set()
-    try:
-        await GATE["release"].wait()
-    except asyncio.CancelledError:
-        GATE["cancelled"] += 1
-        raise
-    return "held and released"
+hold = holding_tool(result="held and released")
 
 
 @pytest.fixture(autouse=True)
 def _gate() -> None:
-    GATE.update(started=asyncio.Event(), release=asyncio.Event(), cancelled=0)
+    reset_gate()
 
 
 def our_agent() -> Agent:

@@ -23,8 +23,9 @@ from typing import Any
 import orjson
 import pytest
 
-from a2a_peers import DropProxy, Live, SdkExecutor, dechunk, parse_frames, sdk_server, sse_frames, user_message
-from fsm_agent import Agent, Cancel, Interrupt, RunConfig, ScriptedProvider, StopReason, tool
+from a2a_peers import (GATE, DropProxy, Live, SdkExecutor, dechunk, holding_tool, parse_frames, reset_gate, sdk_server,
+                       sse_frames, step, user_message)
+from fsm_agent import Agent, Cancel, Interrupt, RunConfig, ScriptedProvider, StopReason
 from fsm_agent.orchestration.a2a import A2AClient, TaskState, fetch_agent_card, remote_agent_tool
 from fsm_agent.providers import tool_call_response
 from fsm_agent.server import create_app
@@ -37,30 +38,12 @@ from fsm_agent.types import AssistantMessage, MessageResponse, ModelStopReason, 
 from server.common import RAN, approval_agent
 
 WORKER = Path(__file__).with_name("a2a_crash_worker.py")
-GATE: dict[str, Any] = {}
-
-
-@tool
-async def hold() -> str:
-    """Wait until the test lets go."""
-    GATE["started"].set()
-    try:
-        await GATE["release"].wait()
-    except asyncio.CancelledError:
-        GATE["cancelled"] += 1
-        raise
-    return "released"
-
-
-@tool
-def step(n: int) -> str:
-    """One step."""
-    return f"step {n} done"
+hold = holding_tool()
 
 
 @pytest.fixture(autouse=True)
 def _gate() -> None:
-    GATE.update(started=asyncio.Event(), release=asyncio.Event(), cancelled=0)
+    reset_gate()
     RAN.clear()
 
 

@@ -21,8 +21,8 @@ import aiohttp
 import orjson
 import pytest
 
-from a2a_peers import A2A, Live, rpc, sse_frames, user_message
-from fsm_agent import Agent, Middleware, RunConfig, ScriptedProvider, StopRun, tool
+from a2a_peers import A2A, GATE, Live, holding_tool, reset_gate, rpc, sse_frames, step, user_message
+from fsm_agent import Agent, Middleware, RunConfig, ScriptedProvider, StopRun
 from fsm_agent.errors import InvalidRequestError, ServerError
 from fsm_agent.providers import tool_call_response
 from fsm_agent.server import create_app
@@ -38,30 +38,12 @@ from fsm_agent.types import (AssistantMessage, MessageResponse, ModelStopReason,
 from .common import RAN, approval_agent, send_mail
 
 CANCELED = "TASK_STATE_CANCELED"
-GATE: dict[str, Any] = {}
-
-
-@tool
-async def wait_here() -> str:
-    """Wait until the test lets go (or the run is interrupted or cancelled)."""
-    GATE["started"].set()
-    try:
-        await GATE["release"].wait()
-    except asyncio.CancelledError:
-        GATE["cancelled"] += 1
-        raise
-    return "released"
-
-
-@tool
-def step(n: int) -> str:
-    """One step."""
-    return f"step {n} done"
+wait_here = holding_tool("wait_here")
 
 
 @pytest.fixture(autouse=True)
 def _gate() -> None:
-    GATE.update(started=asyncio.Event(), release=asyncio.Event(), cancelled=0)
+    reset_gate()
 
 
 def serve(agent: Agent, *, tenants: Tenants | None = None, live_deltas: bool = False, **config: Any) -> Live:
