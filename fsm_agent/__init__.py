@@ -33,7 +33,9 @@ from .errors import (
     WaitForHuman,
 )
 from .hooks import HookBus, Observer
-from .machine import TRANSITIONS, Phase, RunConfig, RunContext, Trigger
+from .config import RunConfig
+from .context import RunContext
+from .machine import TRANSITIONS, Phase, Trigger
 from .middleware import (
     Allow,
     AskApproval,

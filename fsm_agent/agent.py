@@ -35,13 +35,15 @@ from .chain import MiddlewareChain
 from .control import Cancel, Decision, Followup, Interrupt, LoopControl, Steer
 from .errors import ChainError, ResumeError, SessionBusyError, SessionExistsError
 from .hooks import HookBus
-from .machine.config import RunConfig
-from .machine.context import RunContext
+from .config import RunConfig
 from .machine.definition import MachineState
 from .machine.driver import Driver
 from .machine.journal import Journal
+from .machine.live import LivePort
 from .machine.phases import Phase, Trigger
+from .machine.port import EffectPort
 from .machine.state import RunState
+from .machine.view import RunView
 from .middleware import Middleware
 from .pricing import cost_usd
 from .providers.base import Provider
@@ -53,7 +55,12 @@ from .types.codec import structure, unstructure
 from .types.messages import Message, SystemMessage, UserMessage
 from .types.run import RunResult, StopReason
 
-__all__ = ["Agent", "drain_on_signals"]
+__all__ = ["Agent", "PortFactory", "drain_on_signals"]
+
+PortFactory = Callable[[EffectPort], EffectPort]
+"""``port=`` of :meth:`Agent.run` / :meth:`Agent.resume`: given the agent's live port (its store, its
+control poll), the port this run segment uses. A recording or a replaying port
+(:class:`fsm_agent.testing.effects.EffectRecording`) wraps or replaces it."""
 
 
 class Agent:
@@ -154,21 +161,32 @@ class Agent:
         return msgs
 
     def new_context(self, messages: list[Message], *, session_id: str | None = None,
-                    config: RunConfig | None = None, state: RunState | None = None) -> RunContext:
+                    config: RunConfig | None = None, state: RunState | None = None) -> RunView:
         """A run context (the plugins' view) over ``state`` (default: a fresh :class:`RunState`)."""
         run = state if state is not None else RunState(config=config or self.config)
         if config is not None:
             run.config = config
-        return RunContext(session_id or uuid.uuid4().hex, self.provider, self.tools, messages, run)
+        return RunView(session_id or uuid.uuid4().hex, self.provider, self.tools, messages, run)
 
-    def driver(self, ctx: RunContext, journal: Journal | None = None,
-               ledger: Mapping[str, LedgerEntry] | None = None) -> Driver:
-        """A driver for ``ctx`` (freezes the middleware chain); ``ledger``: the session's tool-call ledger."""
+    def live_port(self) -> LivePort:
+        """Today's effects for a run of this agent: its store, its control poll."""
+        return LivePort(self.store, control_poll=self.control_poll)
+
+    def _port(self, factory: PortFactory | None) -> EffectPort:
+        live = self.live_port()
+        return live if factory is None else factory(live)
+
+    def driver(self, ctx: RunView, journal: Journal | None = None,
+               ledger: Mapping[str, LedgerEntry] | None = None, *, port: EffectPort | None = None) -> Driver:
+        """A driver for ``ctx`` (freezes the middleware chain); ``ledger``: the session's tool-call
+        ledger; ``port``: its effects (default: the journal's port, else :meth:`live_port`)."""
         self.chain.freeze()
-        return Driver(ctx, self.chain, self.hooks, cost_of=cost_usd, journal=journal,
-                      control_poll=self.control_poll, lease_ttl=self.lease_ttl, ledger=dict(ledger or {}))
+        if port is None:
+            port = journal.port if journal is not None else self.live_port()
+        return Driver(ctx, self.chain, self.hooks, port=port, cost_of=cost_usd, journal=journal,
+                      lease_ttl=self.lease_ttl, ledger=ledger)
 
-    async def _drive(self, ctx: RunContext, journal: Journal, first: Trigger | None, reason: str,
+    async def _drive(self, ctx: RunView, journal: Journal, first: Trigger | None, reason: str,
                      ledger: Mapping[str, LedgerEntry] | None = None) -> RunResult:
         driver = self.driver(ctx, journal, ledger)
         self._active.add(driver)
@@ -176,11 +194,11 @@ class Agent:
             return await driver.run(first, reason)
         finally:
             self._active.discard(driver)
-            await self._release(ctx.session_id)
+            await self._release(journal.port, ctx.session_id)
 
-    async def _release(self, session_id: str) -> None:
+    async def _release(self, port: EffectPort, session_id: str) -> None:
         try:
-            await self.store.release_lease(session_id, self.worker_id)
+            await port.store.release_lease(session_id, self.worker_id)
         except Exception:  # noqa: BLE001 - the lease expires on its own
             pass
 
@@ -217,12 +235,14 @@ class Agent:
         session_id: str | None = None,
         config: RunConfig | None = None,
         metadata: Mapping[str, Any] | None = None,
+        port: PortFactory | None = None,
         **limits: Any,
     ) -> RunResult:
         """Run ``task`` (a user message, a message, or a whole history) to a StopReason.
 
         ``limits`` override :class:`RunConfig` fields for this run only
-        (``max_iterations=5``, ``max_wall_clock=30.0`` ...).
+        (``max_iterations=5``, ``max_wall_clock=30.0`` ...). ``port``: the effects of this run (see
+        :data:`PortFactory`; default: :meth:`live_port`).
 
         Never raises for what happens during the run: failures end in
         FAILED_RETRYABLE / FAILED_TERMINAL with the error in ``stop.error``.
@@ -237,22 +257,25 @@ class Agent:
         cfg = config or self.config
         if limits:
             cfg = evolve(cfg, **limits)
+        effects = self._port(port)
+        store = effects.store
         messages = self._initial_messages(task)
-        ctx = self.new_context(list(messages), session_id=session_id, config=cfg)
+        ctx = self.new_context(list(messages), session_id=session_id or effects.new_id(), config=cfg)
         goal = next((m.text for m in messages if isinstance(m, UserMessage)), "")
+        now = effects.now()
         try:
-            await self.store.create_session(SessionRecord(ctx.session_id, Phase.IDLE.value, goal=goal[:2000],
-                                                          metadata=dict(metadata or {})))
+            await store.create_session(SessionRecord(ctx.session_id, Phase.IDLE.value, goal=goal[:2000],
+                                                     metadata=dict(metadata or {}), created_at=now, updated_at=now))
         except SessionExistsError:
-            queued = await self.store.get_session(ctx.session_id)
+            queued = await store.get_session(ctx.session_id)
             if queued is None or queued.state != QUEUED or queued.last_seq:
                 raise
             # created QUEUED by a server (fsm_agent.server): this run is its first
             if metadata:
-                await self.store.update_metadata(ctx.session_id, dict(metadata))
-        if not await self.store.acquire_lease(ctx.session_id, self.worker_id, self.lease_ttl):
+                await store.update_metadata(ctx.session_id, dict(metadata))
+        if not await store.acquire_lease(ctx.session_id, self.worker_id, self.lease_ttl):
             raise SessionBusyError(f"session {ctx.session_id} is leased by another worker")
-        journal = Journal(self.store, ctx.session_id, 1, self.worker_id)
+        journal = Journal(effects, ctx.session_id, 1, self.worker_id)
         journal.record("session_started", {"goal": goal, "config": unstructure(cfg)})
         for m in messages:
             journal.message(m, 0)
@@ -267,7 +290,11 @@ class Agent:
                 for a call that is not pending, or of a kind that call does not allow; another worker
                 holds its lease, or this agent is driving it already.
         """
-        loaded = await load_session(self.store, session_id)
+        return await self._check_resume(self.store, session_id, decisions, time.time())
+
+    async def _check_resume(self, store: Store, session_id: str, decisions: Mapping[str, Decision] | None,
+                            now: float) -> LoadedSession:
+        loaded = await load_session(store, session_id)
         if loaded is None:
             raise ResumeError(f"unknown session {session_id!r}")
         rec = loaded.record
@@ -280,7 +307,7 @@ class Agent:
         if any(d.ctx.session_id == session_id for d in self._active):
             raise SessionBusyError(f"session {session_id} is being driven by this agent in this process "
                               "(its run has not stopped yet); interrupt it or wait")
-        if rec.lease_owner is not None and rec.lease_owner != self.worker_id and (rec.lease_until or 0) > time.time():
+        if rec.lease_owner is not None and rec.lease_owner != self.worker_id and (rec.lease_until or 0) > now:
             raise SessionBusyError(f"session {session_id} is being driven by worker {rec.lease_owner} "
                               f"(lease until {time.ctime(rec.lease_until or 0)}); interrupt it or wait")
         return loaded
@@ -291,6 +318,7 @@ class Agent:
         *,
         decisions: Mapping[str, Decision] | None = None,
         confirm_cancel: bool = False,
+        port: PortFactory | None = None,
         **limits: Any,
     ) -> RunResult:
         """Continue a stopped (or crashed) session from its last checkpoint.
@@ -299,6 +327,7 @@ class Agent:
             decisions: for WAITING_HUMAN, a :class:`~fsm_agent.control.Decision` per pending tool-call id.
                 Calls without one stay pending (the run stops WAITING_HUMAN again).
             confirm_cancel: for a cancel waiting on uncompensated side effects: confirm it.
+            port: the effects of this run segment (see :data:`PortFactory`; default: :meth:`live_port`).
             limits: raised budgets (``max_iterations=80``, ``max_wall_clock=1200`` ...) for a PAUSED_BUDGET run.
 
         Completed tool calls never run again (the ledger has their results); a side-effect call
@@ -308,22 +337,25 @@ class Agent:
         Raises:
             ResumeError: see :meth:`check_resume`; also when another worker takes the lease first.
         """
-        loaded = await self.check_resume(session_id, decisions)
-        if not await self.store.acquire_lease(session_id, self.worker_id, self.lease_ttl):
-            fresh = await self.store.get_session(session_id)
+        effects = self._port(port)
+        store = effects.store
+        loaded = await self._check_resume(store, session_id, decisions, effects.now())
+        if not await store.acquire_lease(session_id, self.worker_id, self.lease_ttl):
+            fresh = await store.get_session(session_id)
             owner = fresh.lease_owner if fresh is not None else None
             raise SessionBusyError(f"session {session_id} was just taken by worker {owner or 'another worker'}; "
                               "interrupt it or wait")
         try:
-            ctx, journal, first, reason = await self._resume_context(loaded, decisions, confirm_cancel, limits)
+            ctx, journal, first, reason = await self._resume_context(effects, loaded, decisions, confirm_cancel,
+                                                                     limits)
         except BaseException:
-            await self._release(session_id)
+            await self._release(effects, session_id)
             raise
         return await self._drive(ctx, journal, first, reason, loaded.ledger)
 
-    async def _resume_context(self, loaded: LoadedSession, decisions: Mapping[str, Decision] | None,
-                              confirm_cancel: bool, limits: Mapping[str, Any]
-                              ) -> tuple[RunContext, Journal, Trigger | None, str]:
+    async def _resume_context(self, effects: EffectPort, loaded: LoadedSession,
+                              decisions: Mapping[str, Decision] | None, confirm_cancel: bool,
+                              limits: Mapping[str, Any]) -> tuple[RunView, Journal, Trigger | None, str]:
         rec, ck = loaded.record, loaded.checkpoint
         session_id = rec.session_id
         if loaded.state_data is not None:
@@ -340,25 +372,25 @@ class Agent:
         state.cancel_confirmed = confirm_cancel
         state.goal_version = max(state.goal_version, rec.goal_version)
         ctx = self.new_context(loaded.transcript, session_id=session_id, state=state)
-        journal = Journal(self.store, session_id, rec.last_seq + 1, self.worker_id)
+        journal = Journal(effects, session_id, rec.last_seq + 1, self.worker_id)
         # what this resume was given, so that a replay of the log (fsm_agent.testing.trajectory) resumes alike
         journal.record("resume", {"decisions": {k: unstructure(v) for k, v in (decisions or {}).items()},
                                   "limits": unstructure(dict(limits)), "confirm_cancel": confirm_cancel})
-        for stale in await self.store.take_controls(session_id, [ControlKind.INTERRUPT]):
+        for stale in await effects.store.take_controls(session_id, [ControlKind.INTERRUPT]):
             # an interrupt meant for an earlier run must not stop this one
             journal.record("control_dropped", {"kind": stale.kind.value, "text": stale.text,
                                                "reason": "queued before this resume"})
         terminal = _terminal(rec.state)
         if terminal is not None:
-            ctx.machine = MachineState(terminal)
+            ctx._set_machine(MachineState(terminal))
             to_tools = ck is not None and ck.safe_point == Phase.MID_TURN.value and bool(state.pending_calls)
             first = Trigger.RESUME_TOOLS if to_tools else Trigger.RESUME
             return ctx, journal, first, "resume" + (f" with {len(state.decisions)} decision(s)" if state.decisions else "")
         # Not terminal: the worker that drove it is gone (its lease expired). Continue at the last safe point.
         if ck is None:
-            ctx.machine = MachineState(Phase.IDLE)
+            ctx._set_machine(MachineState(Phase.IDLE))
             return ctx, journal, Trigger.START, "start (recovered: no checkpoint yet)"
-        ctx.machine = MachineState(Phase(ck.safe_point))
+        ctx._set_machine(MachineState(Phase(ck.safe_point)))
         journal.record("recovered", {"state": rec.state, "checkpoint_id": ck.checkpoint_id,
                                      "reason": f"the worker that drove it ({rec.lease_owner or 'unknown'}) "
                                                f"stopped in {rec.state}"})

@@ -50,7 +50,7 @@ from .types.requests import MessageRequest, MessageResponse
 from .types.stream import StreamEvent
 
 if TYPE_CHECKING:
-    from .machine.context import RunContext
+    from .context import RunContext
     from .types.run import RunResult
 
 _A = TypeVar("_A")

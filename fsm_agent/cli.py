@@ -377,7 +377,7 @@ def _positive(option: str, value: float | None, *, whole: bool = False) -> None:
 
 
 async def _run(args: argparse.Namespace, out: TextIO, err: TextIO, progress: _Progress | None = None) -> int:
-    from .machine.context import RunConfig
+    from .config import RunConfig
 
     progress = progress or _Progress()
     if not args.task.strip():
@@ -813,7 +813,7 @@ async def _serve(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             await serve(agent, host=args.host, port=args.port, tenants=tenants, cors_origins=args.cors_origin,
                         local_runs=args.local_runs, out=err, a2a=a2a)
             return 0
-        from .machine.context import RunConfig
+        from .config import RunConfig
 
         settings: dict[str, Any] = {"provider": "local", "base_url": None, "model": None, "tool_mode": None, "tools": [],
                                     "system": None, "middleware": [], "default_middleware": True, "policy": None,

@@ -9,6 +9,7 @@
     │   ├── ChainError                 a middleware chain that cannot be built (cycle, missing
     │   │                              requirement, sync/async mismatch, change after freezing)
     │   ├── ExtraTypeError (+TypeError) MessageRequest.extra holds the wrong type for a key
+    │   ├── ContextWriteError (+AttributeError)  a plugin wrote to a read-only part of its RunContext
     │   ├── ResumeError                resuming a session that cannot be resumed
     │   ├── SessionExistsError (+KeyError)  a new run given the id of a session that exists
     │   └── SessionLinkError           a child session id already linked to another parent (or call)
@@ -19,6 +20,8 @@
         ├── MiddlewareError            a fail-closed middleware raised (wraps the cause)
         ├── LeaseLost                  another worker holds the session's lease; this one must stop writing
         │   └── SessionConflictError   another writer appended to the session since this one read it
+        ├── ReplayDivergence           a replayed run asked for an effect the recording does not
+        │                              have there (the first differing effect, named)
         ├── StoreError                 a store read or write failed (disk full, read-only, locked, gone);
         │                              names the store's location and the cause; ``transient`` says
         │                              whether retrying may help
@@ -66,11 +69,10 @@ provider already sent is lost.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from .types.content import ContentBlock
-    from .types.requests import MessageResponse
+# Nothing of fsm_agent is imported here, not even for annotations: errors sit below every other
+# module. A content block or a MessageResponse is typed ``Any`` where an error carries one.
 
 __all__ = [
     "AuthenticationError",
@@ -78,6 +80,7 @@ __all__ = [
     "ConfigurationError",
     "ContentFilteredError",
     "ContextLengthExceededError",
+    "ContextWriteError",
     "EmptyResponseError",
     "ExtraTypeError",
     "FsmAgentError",
@@ -97,6 +100,7 @@ __all__ = [
     "RateLimitError",
     "RateLimitRequestTooLargeError",
     "RequestTooLargeError",
+    "ReplayDivergence",
     "ResumeError",
     "RunError",
     "ServerError",
@@ -139,6 +143,13 @@ class ChainError(UserError):
 
 class ExtraTypeError(UserError, TypeError):
     """``MessageRequest.extra[key]`` exists but is not of the requested type."""
+
+
+class ContextWriteError(UserError, AttributeError):
+    """A plugin tried to change a read-only part of its :class:`~fsm_agent.RunContext` (the transcript,
+    the machine, the tools, a counter). The message names the supported way: a hook's return value
+    (a tool or turn decision, ``StopRun``), ``ctx.messages`` / ``ctx.settings`` in ``pre_turn``,
+    ``ctx.state(self)``, ``ctx.emit`` or ``ctx.update_plan``."""
 
 
 class ResumeError(UserError):
@@ -194,7 +205,7 @@ class ToolError(RunError):
     goes on; the ledger records the call ``failed``.
     """
 
-    def __init__(self, message: str, *, content: tuple[ContentBlock, ...] = (), kind: str = "tool_error") -> None:
+    def __init__(self, message: str, *, content: tuple[Any, ...] = (), kind: str = "tool_error") -> None:
         super().__init__(message)
         self.message = message
         """What went wrong and what the model can do about it."""
@@ -221,6 +232,35 @@ class MiddlewareError(RunError):
 class LeaseLost(RunError):  # noqa: N818 - a condition the driver reacts to
     """This worker no longer holds the session's lease (it expired and another worker took it);
     its writes are refused so that one session is driven by one worker at a time."""
+
+
+class ReplayDivergence(RunError):
+    """A replayed run (:mod:`fsm_agent.testing.effects`) asked for an effect that differs from the
+    recorded one at the same place, asked for one the recording does not have, or ended before the
+    recording did. The engine lets it through (the run stops where it diverged).
+
+    Attributes:
+        index: the position of the first differing effect in the run's sequence of effects (0-based).
+        expected: what the recording has there (kind and a short form of its arguments), or ``None``
+            when the recording had ended.
+        actual: what the replayed run asked for, or ``None`` when it ended first.
+        difference: the first differing field of the two, as a path (``request.messages[3].content``),
+            or ``""``.
+    """
+
+    def __init__(self, index: int, expected: str | None, actual: str | None, difference: str = "") -> None:
+        self.index = index
+        self.expected = expected
+        self.actual = actual
+        self.difference = difference
+        where = f" (first difference at {difference})" if difference else ""
+        if actual is None:
+            text = f"the replayed run ended, but the recording goes on with effect #{index}: {expected}"
+        elif expected is None:
+            text = f"the replayed run asked for effect #{index}, {actual}, after the recording ended"
+        else:
+            text = f"effect #{index} differs: the recording has {expected}, the replay asked for {actual}{where}"
+        super().__init__(text)
 
 
 class StoreError(RunError):
@@ -259,7 +299,7 @@ class StructuredOutputError(RunError):
     """
 
     def __init__(self, schema_name: str, error: str, raw: str, attempts: int, *, result: Any = None,
-                 response: MessageResponse | None = None) -> None:
+                 response: Any = None) -> None:
         self.schema_name = schema_name
         self.error = error
         self.raw = raw
@@ -333,7 +373,7 @@ class ProviderError(RunError):
         body: str | None = None,
         headers: Mapping[str, str] | None = None,
         retryable: bool | None = None,
-        partial: MessageResponse | None = None,
+        partial: Any = None,
         code: str | None = None,
     ) -> None:
         super().__init__(message)

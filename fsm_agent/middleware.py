@@ -2,7 +2,7 @@
 
 Subclass :class:`Middleware` and override only the hooks you need; the others pass through and
 the chain skips them. Each hook's docstring is its contract: when it runs, what to return, what
-to raise, what it may read and write on the :class:`~fsm_agent.machine.context.RunContext`, and
+to raise, what it may read and write on the :class:`~fsm_agent.context.RunContext`, and
 when it is *not* called.
 
 In the order a run meets them:
@@ -50,7 +50,7 @@ from .types.requests import MessageRequest, MessageResponse
 from .types.stream import StreamEvent
 
 if TYPE_CHECKING:
-    from .machine.context import RunContext
+    from .context import RunContext
     from .types.run import RunResult
 
 __all__ = [

@@ -25,18 +25,25 @@ PACKAGE = ROOT / "fsm_agent"
 
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("foundation: errors, value types, pricing, control requests",
-     ("fsm_agent._version", "fsm_agent.errors", "fsm_agent.control", "fsm_agent.pricing", "fsm_agent.types.*")),
+     ("fsm_agent._version", "fsm_agent.errors", "fsm_agent.control", "fsm_agent.pricing", "fsm_agent.types.*",
+      "fsm_agent.config")),
     ("services the engine uses: providers, stores, tools, structured-output checks",
      ("fsm_agent.providers.*", "fsm_agent.store.*", "fsm_agent.tools.*", "fsm_agent.structured",
       "fsm_agent.sandbox.*")),
-    ("the run's data and the plugin's view of it",
-     ("fsm_agent.machine.config", "fsm_agent.machine.phases", "fsm_agent.machine.definition",
-      "fsm_agent.machine.state", "fsm_agent.machine.context")),
+    ("the run's data and the plugin's contract view of it",
+     ("fsm_agent.machine.phases", "fsm_agent.machine.definition", "fsm_agent.machine.state", "fsm_agent.context")),
     ("the contracts: middleware, its chain, observers",
      ("fsm_agent.middleware", "fsm_agent.chain", "fsm_agent.hooks")),
-    ("the loop: outcomes, journal, MidTurn, driver",
-     ("fsm_agent.machine.outcome", "fsm_agent.machine.journal", "fsm_agent.machine.midturn",
-      "fsm_agent.machine.driver", "fsm_agent.machine")),
+    ("the engine's services: the effect port and its live form, timers, journal, turn records, ledger, "
+     "accounting, the plugin view, the host the phases see",
+     ("fsm_agent.machine.port", "fsm_agent.machine.live", "fsm_agent.machine.timing", "fsm_agent.machine.outcome",
+      "fsm_agent.machine.journal", "fsm_agent.machine.turns", "fsm_agent.machine.ledger",
+      "fsm_agent.machine.accounting", "fsm_agent.machine.view", "fsm_agent.machine.host")),
+    ("the phases on their host",
+     ("fsm_agent.machine.controls", "fsm_agent.machine.pre_turn", "fsm_agent.machine.model",
+      "fsm_agent.machine.midturn", "fsm_agent.machine.post_turn")),
+    ("the loop",
+     ("fsm_agent.machine.driver", "fsm_agent.machine")),
     ("assembly: plugin discovery, the Agent",
      ("fsm_agent.plugins", "fsm_agent.agent")),
     ("around the agent: test helpers, the local model server, diagrams, multi-agent patterns",
@@ -234,6 +241,12 @@ def test_no_import_circle_hidden_by_a_function_local_import() -> None:
                            f"local import in LOCAL_IMPORTS_BREAKING_CYCLES with its reason: {circles}")
 
 
+def test_no_import_circle_even_through_annotations() -> None:
+    """Not even an import made only for type annotations closes a circle: every module can be read
+    bottom-up (``errors`` imports nothing of ours; no phase names the driver)."""
+    assert _cycles(_graph({"module", "local", "typing"})) == []
+
+
 def test_declared_cycle_breaks_are_local_imports() -> None:
     local = {(s, t) for s, t, k, _ in INTERNAL if k == "local"}
     for edge in LOCAL_IMPORTS_BREAKING_CYCLES:
@@ -244,6 +257,10 @@ def test_nothing_in_fsm_agent_imports_the_builtin_plugins() -> None:
     bad = [f"{FILES[s].relative_to(ROOT)}:{n}: imports {t}" for s, t, _, n in EDGES
            if t.split(".")[0] in FORBIDDEN]
     assert not bad, "\n".join(bad)
+
+
+def test_errors_import_nothing_of_fsm_agent() -> None:
+    assert [t for s, t, _, _ in INTERNAL if s == "fsm_agent.errors"] == []
 
 
 @pytest.mark.parametrize("module", ["fsm_agent.machine.driver", "fsm_agent.middleware", "fsm_agent.chain"])

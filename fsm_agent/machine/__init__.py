@@ -1,32 +1,45 @@
-"""The state machine: states and the transition table, the shared machine, the run state, the driver loop."""
+"""The engine: the table, the machine, the run state, the phases on their host, the effect port and
+the driver loop."""
 
-from .config import RunConfig
-from .context import CallProvider, RunContext
+from ..config import RunConfig
+from ..context import CallProvider, RunContext, TurnSettings
 from .definition import IllegalTransition, MachineState
 from .driver import STOP_TRIGGERS, Driver
+from .host import ControlCut, Host, InFlight
 from .journal import Journal
+from .live import LivePort
 from .outcome import Move, Outcome, Stop
 from .phases import PHASES, STATES, TERMINALS, TRANSITIONS, Phase, Transition, Trigger
-from .state import RunState, TurnSettings
+from .port import Cancellable, EffectPort, ModelTrace
+from .state import RunState
+from .view import RunView
 
 __all__ = [
+    "PHASES",
+    "STATES",
+    "STOP_TRIGGERS",
+    "TERMINALS",
+    "TRANSITIONS",
     "CallProvider",
+    "Cancellable",
+    "ControlCut",
     "Driver",
+    "EffectPort",
+    "Host",
     "IllegalTransition",
+    "InFlight",
     "Journal",
+    "LivePort",
     "MachineState",
+    "ModelTrace",
     "Move",
     "Outcome",
-    "PHASES",
     "Phase",
     "RunConfig",
     "RunContext",
     "RunState",
-    "STATES",
-    "STOP_TRIGGERS",
+    "RunView",
     "Stop",
-    "TERMINALS",
-    "TRANSITIONS",
     "Transition",
     "Trigger",
     "TurnSettings",

@@ -18,17 +18,19 @@ events middleware queue (``budget_warning`` ...) and ``model_retry`` (a retried 
 from __future__ import annotations
 
 import asyncio
-import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from attrs import define, field
 
-from ..store.base import Checkpoint, EventRecord, LedgerEntry, LedgerStatus, Store, WriteBatch, new_id
+from ..store.base import Checkpoint, EventRecord, LedgerEntry, LedgerStatus, Store, WriteBatch
 from ..tools.execution import idempotency_key
 from ..types.codec import unstructure
 from ..types.content import ToolUseBlock
 from ..types.messages import Message, ToolResultMessage
 from .state import RunState
+
+if TYPE_CHECKING:
+    from .port import EffectPort
 
 __all__ = ["Journal", "ledger_entry"]
 
@@ -37,14 +39,17 @@ __all__ = ["Journal", "ledger_entry"]
 class Journal:
     """Buffers a run's events and commits them with checkpoints and ledger entries.
 
+    Every write goes through the run's port (:attr:`port`), its event times come from the port's
+    clock and its checkpoint ids from the port's ids, so a replayed run writes the same bytes.
+
     Args:
-        store: the session's store.
+        port: the run's effect port (its ``store`` is the session's store).
         session_id: the session.
         next_seq: the seq the next event gets (the session's ``last_seq + 1``).
         owner: the lease owner; every write is fenced to it (``None``: unfenced).
     """
 
-    store: Store
+    port: EffectPort
     session_id: str
     next_seq: int
     owner: str | None = None
@@ -55,13 +60,18 @@ class Journal:
     _lock: asyncio.Lock = field(factory=asyncio.Lock)
     """Serializes commits: parallel tool calls write their ledger entries concurrently."""
 
+    @property
+    def store(self) -> Store:
+        """The session's store (the port's)."""
+        return self.port.store
+
     def record(self, type: str, payload: dict[str, Any], turn: int | None = None) -> int:
         """Buffer one event; returns its seq."""
         seq = self.next_seq
         self.next_seq += 1
         # (session_id, seq) is unique, so the event id is derived from it rather than drawn at random
         self.buffer.append(EventRecord(self.session_id, seq, type, payload,
-                                       f"{self.session_id}:{turn}" if turn else None, time.time(),
+                                       f"{self.session_id}:{turn}" if turn else None, self.port.now(),
                                        f"{self.session_id}:{seq}"))
         return seq
 
@@ -86,7 +96,7 @@ class Journal:
             for entry in ledger:
                 queued[entry.call_id] = entry
             try:
-                await self.store.write(WriteBatch(self.session_id, events, checkpoint, tuple(queued.values()), state,
+                await self.port.store.write(WriteBatch(self.session_id, events, checkpoint, tuple(queued.values()), state,
                                                   stop, self.owner))
             except BaseException:
                 self.buffer = list(events) + self.buffer
@@ -97,7 +107,7 @@ class Journal:
 
     def checkpoint(self, run: RunState, safe_point: str) -> Checkpoint:
         """A checkpoint of ``run`` (the whole state) at the last buffered seq; commit it with :meth:`flush`."""
-        return Checkpoint(new_id(), self.session_id, self.next_seq - 1, safe_point, unstructure(run))
+        return Checkpoint(self.port.new_id(), self.session_id, self.next_seq - 1, safe_point, unstructure(run))
 
     async def ledger(self, *entries: LedgerEntry, durable: bool = True) -> None:
         """Write ledger entries (and buffered events) durably now, or, with ``durable=False``, with the
@@ -110,7 +120,8 @@ class Journal:
 
 
 def ledger_entry(session_id: str, turn: int, call: ToolUseBlock, status: LedgerStatus, *, effect: str = "pure",
-                 result: ToolResultMessage | None = None) -> LedgerEntry:
-    """The ledger entry of ``call`` in ``status`` (its idempotency key is stable across resumes)."""
+                 result: ToolResultMessage | None = None, now: float) -> LedgerEntry:
+    """The ledger entry of ``call`` in ``status`` at ``now`` (Unix seconds; its idempotency key is stable
+    across resumes)."""
     return LedgerEntry(session_id, call.id, call.name, dict(call.input), idempotency_key(session_id, call.id),
-                       effect, status, turn, unstructure(result) if result is not None else None)
+                       effect, status, turn, unstructure(result) if result is not None else None, now)

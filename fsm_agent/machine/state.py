@@ -9,7 +9,7 @@ The tool-call ledger is not part of it: its durable home is the store's ledger t
 before each step it names, so a checkpoint never copies it (a copy in every checkpoint would grow
 the store quadratically with the tool results). The driver holds the ledger beside the state.
 
-Plugins never see this object: they get a :class:`~fsm_agent.machine.context.RunContext`, a
+Plugins never see this object: they get a :class:`~fsm_agent.context.RunContext`, a
 read-only view of it plus the things a plugin may write (``messages``, :class:`TurnSettings`,
 and the plan through ``ctx.update_plan``).
 """
@@ -25,23 +25,10 @@ from ..types.content import ToolUseBlock
 from ..types.messages import ToolResultMessage, Usage
 from ..types.plan import Plan
 from ..types.requests import MessageResponse
-from .config import RunConfig
+from ..config import RunConfig
 from .phases import Phase
 
-__all__ = ["RunState", "TurnSettings"]
-
-
-@define
-class TurnSettings:
-    """What PreTurn middleware may set for the next model call; reset to these defaults each PreTurn
-    unless a middleware sets them again."""
-
-    active_tools: list[str] | None = None
-    """Tool names offered to the model this turn; ``None``: all registered tools."""
-    tools_enabled: bool = True
-    """``False`` for a wrap-up turn (one last call offered no tools)."""
-    max_output_tokens: int | None = None
-    """``max_tokens`` of the next request; ``None``: the run config's (or the provider's default)."""
+__all__ = ["RunState"]
 
 
 @define

@@ -41,8 +41,8 @@ from ..errors import (
     ToolError,
     WaitForHuman,
 )
-from ..machine.config import RunConfig
-from ..machine.context import RunContext
+from ..config import RunConfig
+from ..context import RunContext
 from ..machine.state import RunState
 from ..store.base import ControlKind, ControlRecord, SessionRecord, Store
 from ..store.sessions import load_session

@@ -51,7 +51,7 @@ from attrs import field, frozen
 
 from ..agent import Agent, drain_on_signals
 from ..errors import ConfigurationError, ResumeError, SessionLinkError, StopRun, ToolError
-from ..machine.context import RunContext
+from ..context import RunContext
 from ..middleware import Complete, Deny, Middleware, Ordering
 from ..store.base import LinkKind, SessionLink
 from ..tools.registry import Tool, ToolContext, ToolEffect

@@ -74,7 +74,7 @@ from attrs import evolve, frozen
 
 from ..agent import Agent, drain_on_signals
 from ..errors import ConfigurationError, SessionLinkError, StopRun, SuspendCall, ToolError, WaitForHuman
-from ..machine.context import RunContext
+from ..context import RunContext
 from ..middleware import Complete, Continue, Deny, Middleware, ModelCallNext, Ordering
 from ..store.base import LinkKind, SessionLink
 from ..tools.registry import Tool, ToolContext, ToolEffect

@@ -57,6 +57,7 @@ from ..types.stream import (ContentBlockEnd, ContentBlockStart, CostUpdate, Mess
                             TextDelta, ThinkingDelta, ToolCallArgumentsDelta, ToolCallEnd,
                             parse_tool_arguments)
 from .base import HttpProvider, StreamParser
+from .costs import cost_update
 from .errors import error_from_payload
 from .sse import ServerSentEvent
 from .structured_output import response_format_of
@@ -542,7 +543,7 @@ class AnthropicStreamParser:
         self._usage.update((k, v) for k, v in u.items() if v is not None)  # later values win
         usage = parse_usage(self._usage)
         if usage is not None:
-            self._emit(out, CostUpdate.of(usage, self.partial.model))
+            self._emit(out, cost_update(usage, self.partial.model))
         if self._usage.get("server_tool_use") is not None:
             self.partial.extra["server_tool_use"] = self._usage["server_tool_use"]
 

@@ -37,6 +37,7 @@ from ..errors import (
 )
 from ..types.requests import MessageRequest, MessageResponse
 from ..types.stream import ErrorEvent, MessageComplete, StreamEvent, TextDelta, ThinkingDelta, ToolCallArgumentsDelta
+from .costs import cost_update, events_for
 from .errors import classify_error, scrub_error
 from .record import Recorder
 from .sse import DEFAULT_MAX_EVENT_BYTES, SSEDecoder, ServerSentEvent
@@ -57,6 +58,8 @@ __all__ = [
     "ToolMode",
     "announce_retry",
     "call_deadline",
+    "cost_update",
+    "events_for",
     "first_token_timeout_for",
     "may_retry",
     "retry_listener",
@@ -788,11 +791,7 @@ async def _batched(events: AsyncIterator[StreamEvent]) -> AsyncIterator[list[Str
         yield [event]
 
 
-def _events_for(response: MessageResponse) -> list[StreamEvent]:
-    """Synthesize the stream of a complete response (a server that ignored ``stream: true``)."""
-    from ..types.stream import events_for_response
-
-    return events_for_response(response)
+_events_for = events_for
 
 
 def _is_local(url: str) -> bool:

@@ -174,9 +174,9 @@ def decode_body(protocol: str, raw: bytes, *, out: TextIO, err: TextIO, events: 
             err.write(f"fsm-agent decode: {exc}\n")
             return 1
         if events:
-            from ..types.stream import events_for_response
+            from .costs import events_for
 
-            for ev in events_for_response(response):
+            for ev in events_for(response):
                 _dump(ev, out, False)
         else:
             _dump(response, out, True)

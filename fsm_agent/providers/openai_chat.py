@@ -73,6 +73,7 @@ from ..types.stream import (
     ToolCallEnd,
 )
 from .base import HttpProvider, StreamParser
+from .costs import cost_update
 from .errors import error_from_payload
 from .sse import ServerSentEvent
 from .structured_output import response_format_of
@@ -691,7 +692,7 @@ class OpenAIChatStreamParser:
             self._delta(choice, out)
         usage = parse_usage(chunk.get("usage"))
         if usage is not None:
-            ev2 = CostUpdate.of(usage, self.partial.model)
+            ev2 = cost_update(usage, self.partial.model)
             self.partial.apply(ev2)
             out.append(ev2)
         return out

@@ -55,6 +55,7 @@ from ..types.stream import (ContentBlockEnd, ContentBlockStart, CostUpdate, Mess
                             TextDelta, ThinkingDelta, ToolCallArgumentsDelta, ToolCallEnd,
                             parse_tool_arguments)
 from .base import HttpProvider, StreamParser
+from .costs import cost_update
 from .errors import error_from_payload
 from .sse import ServerSentEvent
 from .structured_output import response_format_of
@@ -546,7 +547,7 @@ class OpenAIResponsesStreamParser:
             self._sync(self._index(pos, item.get("id"), prefer_id=True), item, out, True)
         usage = parse_usage(resp.get("usage"))
         if usage is not None:
-            cost = CostUpdate.of(usage, self.partial.model)
+            cost = cost_update(usage, self.partial.model)
             self.partial.apply(cost)
             out.append(cost)
         self._final = resp

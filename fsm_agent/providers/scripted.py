@@ -18,8 +18,9 @@ from ..errors import ProviderError
 from ..types.content import TextBlock, ToolUseBlock
 from ..types.messages import AssistantMessage, ModelStopReason, Usage
 from ..types.requests import MessageRequest, MessageResponse
-from ..types.stream import StreamEvent, TextDelta, events_for_response
+from ..types.stream import StreamEvent, TextDelta
 from .base import Provider, ProviderCapabilities
+from .costs import events_for
 
 __all__ = ["ScriptItem", "ScriptedProvider", "text_response", "tool_call_response"]
 
@@ -100,7 +101,7 @@ class ScriptedProvider(Provider):
         if self.delay:
             await asyncio.sleep(self.delay)
         response = self._next(request)
-        for event in events_for_response(response):
+        for event in events_for(response):
             parts = [event]
             if self.chunk_chars and isinstance(event, TextDelta):
                 n = self.chunk_chars

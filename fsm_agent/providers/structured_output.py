@@ -28,8 +28,9 @@ from ..errors import ConfigurationError
 from ..types.content import TextBlock, ToolUseBlock
 from ..types.messages import AssistantMessage, Message, ModelStopReason, SystemMessage
 from ..types.requests import MessageRequest, MessageResponse, ToolDefinition
-from ..types.stream import CostUpdate, MessageComplete, MessageStart, StreamEvent, events_for_response
+from ..types.stream import CostUpdate, MessageComplete, MessageStart, StreamEvent
 from ..types.structured import OutputSchema
+from .costs import events_for
 
 __all__ = [
     "AnswerToolStream",
@@ -158,6 +159,6 @@ class AnswerToolStream:
                 yield ev
             elif isinstance(ev, MessageComplete):
                 final = interpret_answer_tool(ev.full_response, self.schema)
-                for out in events_for_response(final):
+                for out in events_for(final):
                     if not isinstance(out, (MessageStart, CostUpdate)):
                         yield out

@@ -70,7 +70,7 @@ from attrs import field, frozen
 
 from ..control import Decision
 from ..errors import ConfigurationError, ResumeError, SessionExistsError
-from ..machine.config import RunConfig
+from ..config import RunConfig
 from ..store.base import QUEUED, ControlKind, EventRecord, SessionRecord
 from ..store.sessions import send_control
 from ..types.run import StopReason

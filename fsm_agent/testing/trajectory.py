@@ -37,7 +37,7 @@ from attrs import field, frozen
 from ..agent import Agent
 from ..control import Decision
 from ..errors import ProviderError, ResumeError
-from ..machine.config import RunConfig
+from ..config import RunConfig
 from ..middleware import Middleware, Ordering
 from ..providers.scripted import ScriptedProvider
 from ..store.base import EventRecord, Store

@@ -19,7 +19,6 @@ from typing import Any, ClassVar, Union
 import orjson
 from attrs import define, field, frozen
 
-from ..pricing import cost_usd as _cost_usd
 from .content import ContentBlock, ExtensionBlock, TextBlock, ThinkingBlock, ToolUseBlock
 from .messages import AssistantMessage, ModelStopReason, Usage
 from .requests import MessageResponse
@@ -135,9 +134,9 @@ class ToolCallEnd:
 class CostUpdate:
     """Usage and cost so far of this call (cumulative for the call, not the run).
 
-    Every protocol module (and :func:`events_for_response`) builds it with :meth:`of`, so
-    ``cost_usd`` always equals ``fsm_agent.pricing.cost_usd(model, usage)`` for the model the
-    response names.
+    The provider layer prices it (:func:`fsm_agent.providers.base.cost_update`, the one place a
+    stream's cost is computed), so ``cost_usd`` always equals
+    ``fsm_agent.pricing.cost_usd(model, usage)`` for the model the response names.
     """
 
     TAG: ClassVar[str] = "cost_update"
@@ -147,11 +146,6 @@ class CostUpdate:
     :mod:`fsm_agent.pricing` from ``usage``. ``None`` when the model has no known price (or the
     response named no model): unknown, never a guessed zero. A local model priced at zero gives
     ``0.0``."""
-
-    @classmethod
-    def of(cls, usage: Usage, model: str | None) -> CostUpdate:
-        """The update for ``usage`` on ``model``, priced with :func:`fsm_agent.pricing.cost_usd`."""
-        return cls(usage, _cost_usd(model, usage) if model else None)
 
 
 @frozen
@@ -368,9 +362,10 @@ class PartialMessageResponse:
         return built
 
 
-def events_for_response(response: MessageResponse) -> list[StreamEvent]:
+def events_for_response(response: MessageResponse, cost_usd: float | None = None) -> list[StreamEvent]:
     """The event sequence a stream of ``response`` would have produced (for servers that ignore
-    ``stream: true`` and for the constrained tool mode). Ends with :class:`MessageComplete`."""
+    ``stream: true`` and for the constrained tool mode). Ends with :class:`MessageComplete`.
+    ``cost_usd``: the call's cost for its :class:`CostUpdate` (priced by the caller; ``None``: unknown)."""
     out: list[StreamEvent] = [MessageStart(response.id, response.model)]
     for i, block in enumerate(response.message.content):
         if isinstance(block, TextBlock):
@@ -395,6 +390,6 @@ def events_for_response(response: MessageResponse) -> list[StreamEvent]:
     if response.refusal:
         out.append(RefusalDelta(response.refusal))
     if response.usage is not None:
-        out.append(CostUpdate.of(response.usage, response.model))
+        out.append(CostUpdate(response.usage, cost_usd))
     out.append(MessageComplete(response))
     return out

@@ -318,7 +318,7 @@ async def test_resume_rows_from_resumable_terminals(terminal: StopReason) -> Non
     rec = Recorder()
     a = agent(["resumed answer"], recorder=rec)
     ctx = a.new_context([])
-    ctx.machine = MachineState(terminal)
+    ctx._set_machine(MachineState(terminal))
     result = await a.driver(ctx).run(Trigger.RESUME, "resume")
     assert rec.transitions()[0] == (terminal.value, "resume", "PreTurn")
     assert result.stop.reason is StopReason.COMPLETED
@@ -330,7 +330,7 @@ async def test_resume_tools_rows(terminal: StopReason) -> None:
     a = agent(["after tools"], recorder=rec)
     pending = tool_call_response(("echo", {"text": "resumed"}))
     ctx = a.new_context([pending.message], state=RunState(pending_calls=list(pending.tool_calls)))
-    ctx.machine = MachineState(terminal)
+    ctx._set_machine(MachineState(terminal))
     result = await a.driver(ctx).run(Trigger.RESUME_TOOLS, "resume tools")
     assert rec.transitions()[:2] == [(terminal.value, "resume_tools", "MidTurn"), ("MidTurn", "tools_done", "PostTurn")]
     assert result.messages[-2].text == "resumed"  # the tool ran
@@ -346,7 +346,7 @@ async def _resumed(terminal: StopReason, trigger: Trigger) -> list[tuple[str, st
         ctx = a.new_context([pending.message], state=RunState(pending_calls=list(pending.tool_calls)))
     else:
         ctx = a.new_context([])
-    ctx.machine = MachineState(terminal)
+    ctx._set_machine(MachineState(terminal))
     await a.driver(ctx).run(trigger, "resume")
     return rec.transitions()
 

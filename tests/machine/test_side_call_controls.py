@@ -110,7 +110,7 @@ async def test_an_interrupt_cuts_a_side_call_at_once_and_no_model_call_follows(p
     result, model, side, took = await run_with_control(phase, Interrupt("stop now"))
     assert result.stop.reason is StopReason.INTERRUPTED
     assert result.stop.detail == f"stop now (during {phase})"
-    assert model.side_calls == 1 and model.side_completed == 0 and side.outcomes == ["_ControlHit"]
+    assert model.side_calls == 1 and model.side_completed == 0 and side.outcomes == ["ControlCut"]
     # cut within a poll or two: a few dozen of the 2,000 chunks got through after the control
     assert model.side_chunks_after_control < CHUNKS // 10, model.side_chunks_after_control
     assert model.side_chunks < CHUNKS // 5
@@ -132,7 +132,7 @@ async def test_a_plugin_that_swallows_the_cut_still_starts_no_model_call() -> No
     """The middleware catches the signal and returns: the pending control still stops the run before
     the Model phase's call starts."""
     result, model, side, _ = await run_with_control("PreTurn", Interrupt("stop now"), swallow=True)
-    assert side.outcomes == ["_ControlHit"]
+    assert side.outcomes == ["ControlCut"]
     assert result.stop.reason is StopReason.INTERRUPTED
     assert model.model_calls == 0 and model.side_completed == 0
 

@@ -7,6 +7,8 @@ the state diagram). The invariants over generated conversations are in
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import asyncio
 import io
 import logging
@@ -787,9 +789,8 @@ async def test_custom_essentials_and_excluded_tools() -> None:
 
 
 async def test_the_default_summarizer_bounds_lists_and_strings_for_the_local_model() -> None:
-    from fsm_agent import RunContext, create_provider
+    from fsm_agent import create_provider
     from fsm_agent.providers import ProviderConfig
-    from fsm_agent.tools import ToolRegistry
     from fsm_agent_middleware.compaction import ProviderSummarizer, bounded_schema
 
     bounded = bounded_schema(SUMMARY_SCHEMA, 8, 240).schema
@@ -805,8 +806,7 @@ async def test_the_default_summarizer_bounds_lists_and_strings_for_the_local_mod
 
     for name, expected in (("llamacpp", bounded), ("openai", SUMMARY_SCHEMA.schema)):
         provider = create_provider(name, ProviderConfig(base_url="http://127.0.0.1:9", api_key="k"))
-        ctx = RunContext("s", provider, ToolRegistry(), [])
-        ctx.call_provider = call_provider
+        ctx = SimpleNamespace(provider=provider, call_provider=call_provider)  # what the summarizer reads
         result = await ProviderSummarizer(ctx, goal_version=1)(history()[2:10], SUMMARY_SCHEMA)
         assert result.output == good_output()
         assert sent[-1].output_schema is not None and sent[-1].output_schema.schema == expected

@@ -13,7 +13,8 @@ import corpus
 from fsm_agent.errors import ProviderError
 from fsm_agent.pricing import PRICES, Price, cost_usd
 from fsm_agent.providers import ProviderConfig, RetryPolicy, ScriptedProvider, create_provider, text_response
-from fsm_agent.types import CostUpdate, MessageComplete, MessageRequest, Usage, UserMessage, events_for_response
+from fsm_agent.providers.costs import cost_update, events_for
+from fsm_agent.types import CostUpdate, MessageComplete, MessageRequest, Usage, UserMessage
 
 KIND = {"openai-chat": "openai-compatible", "openai-responses": "openai-responses", "anthropic": "anthropic"}
 STREAMS = [b for b in corpus.bodies() if b.streaming and b.status == 200 and b.protocol in KIND]
@@ -143,12 +144,12 @@ async def test_a_price_registered_for_the_model_is_used(monkeypatch: pytest.Monk
 
 def test_synthesized_events_and_unknown_models() -> None:
     response = text_response("x", usage=Usage(100, 10), model="gpt-4o-2024-08-06")
-    [update] = [e for e in events_for_response(response) if isinstance(e, CostUpdate)]
+    [update] = [e for e in events_for(response) if isinstance(e, CostUpdate)]
     assert update.cost_usd == cost_usd("gpt-4o-2024-08-06", Usage(100, 10)) == pytest.approx((250 + 100) / 1e6)
     unknown = text_response("x", usage=Usage(100, 10), model="no-such-model")
-    [update] = [e for e in events_for_response(unknown) if isinstance(e, CostUpdate)]
+    [update] = [e for e in events_for(unknown) if isinstance(e, CostUpdate)]
     assert update.cost_usd is None  # unknown, never a guessed zero
-    assert CostUpdate.of(Usage(1, 1), "").cost_usd is None  # a response that names no model
+    assert cost_update(Usage(1, 1), "").cost_usd is None  # a response that names no model
 
 
 async def test_scripted_provider_streams_priced_cost_updates() -> None:

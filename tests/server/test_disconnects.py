@@ -34,7 +34,7 @@ from aiohttp import web
 
 from fsm_agent import ScriptedProvider, tool
 from fsm_agent.agent import Agent
-from fsm_agent.machine.config import RunConfig
+from fsm_agent.config import RunConfig
 from fsm_agent.providers import tool_call_response
 from fsm_agent.server import LocalRunner, NotifyingStore, create_app
 from fsm_agent.server.app import STORE_KEY

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from attrs import frozen
 
-from ..types.requests import ThinkingConfig
-from ..types.structured import OutputSchema
+from .types.requests import ThinkingConfig
+from .types.structured import OutputSchema
 
 __all__ = ["RunConfig"]
 
@@ -42,7 +42,7 @@ class RunConfig:
     WAITING_HUMAN (Stop-Resume). ``None`` (default): stop at once and resume later."""
 
     def __attrs_post_init__(self) -> None:
-        from ..errors import ConfigurationError
+        from .errors import ConfigurationError
 
         if self.max_iterations < 1:
             raise ConfigurationError(f"max_iterations must be at least 1, not {self.max_iterations}")

@@ -1,0 +1,271 @@
+"""The Model phase as a phase object: one model call through the ``wrap_model_call`` chain, and
+the side calls plugins make through ``ctx.call_provider``.
+
+The call goes through the port (:meth:`~fsm_agent.machine.port.EffectPort.call_model`), streamed
+when configured: every event passes the chain's ``on_model_event`` filters and then the observers.
+It is bounded by the remaining wall clock (a deadline on the port's timers). Then usage and cost,
+and the route on the response: tool calls → ``tool_use``; end of turn, stop sequence, max tokens,
+pause → ``model_done``; content filtered or refused → FAILED_TERMINAL; a provider error →
+FAILED_RETRYABLE / FAILED_TERMINAL; a context-window error → ``retry_context`` once (case B20); an
+answer cut by the output limit inside a tool call → ``retry_output`` once with a larger limit; the
+wall clock running out → PAUSED_BUDGET with the streamed part kept.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from attrs import evolve
+
+from ..errors import ContextLengthExceededError, ProviderError
+from ..providers.base import Provider
+from ..types.codec import unstructure
+from ..types.content import ToolUseBlock
+from ..types.events import ModelRetry, ModelStreamEvent
+from ..types.messages import AssistantMessage, Message, ModelStopReason
+from ..types.requests import MessageRequest, MessageResponse
+from ..types.run import StopReason
+from ..types.stream import StreamEvent
+from .controls import Controls
+from .host import ControlCut, Host
+from .outcome import Move, Outcome, Stop
+from .phases import Trigger
+from .port import ModelTrace
+from .timing import PortDeadline
+
+__all__ = ["MANY_TOOLS", "ModelPhase"]
+
+log = logging.getLogger("fsm_agent.driver")
+
+MANY_TOOLS = 25
+"""More tools than this offered on the first call draws a warning (seed 000 §5.2.5)."""
+
+
+class ModelPhase:
+    """The Model phase, and the one path every model call of a run takes (see the module doc)."""
+
+    __slots__ = ("h", "controls", "_warned_tools")
+
+    def __init__(self, host: Host, controls: Controls) -> None:
+        self.h = host
+        self.controls = controls
+        self._warned_tools = False
+
+    # -- one call ------------------------------------------------------------------------------
+    async def call(self, request: MessageRequest, provider: Provider, trace: ModelTrace,
+                   deadline_s: float | None = None) -> MessageResponse:
+        """One model call through the port: streamed when configured and the provider can, its events
+        to the chain's filters and the observers, its provider retries logged (``model_retry``)."""
+        h = self.h
+        stream = h.run_state.config.stream
+        on_event = self._on_event if stream and (h.chain.filters_model_events or h.bus.wants(ModelStreamEvent)) \
+            else None
+        return await h.port.call_model(provider, request, stream=stream, on_event=on_event, on_retry=self._on_retry,
+                                       trace=trace, deadline_s=deadline_s)
+
+    async def _on_event(self, event: StreamEvent) -> None:
+        h = self.h
+        ctx = h.view
+        if h.chain.filters_model_events:
+            out = h.chain.model_event(event, ctx)
+            if out is None:
+                return
+            event = out
+        if h.bus.wants(ModelStreamEvent):
+            await h.bus.emit(ModelStreamEvent(ctx.session_id, h.run_state.turn, event, ctx.state_name))
+
+    async def _on_retry(self, exc: ProviderError, attempt: int, delay_s: float) -> None:
+        """The provider is about to retry an HTTP attempt: a ``model_retry`` event for the session log
+        and the observers, delivered before the wait."""
+        h = self.h
+        h.view.emit(ModelRetry(h.session_id, h.run_state.turn, attempt, exc.status, exc.kind, exc.message[:2000], delay_s,
+                               server_hint=exc.retry_after is not None, provider=exc.provider))
+        await h.flush_outbox()
+
+    async def side_call(self, request: MessageRequest, provider: Provider | None = None, *,
+                        account: bool = False) -> MessageResponse:
+        """``ctx.call_provider``: one call to ``provider`` (default: the run's), outside the
+        ``wrap_model_call`` layers; ``account`` adds its usage and cost to the run.
+
+        A side call made outside the Model and MidTurn phases (a planner's or a grader's, in PreTurn
+        or PostTurn) is interruptible like the Model phase's call: an Interrupt or a Cancel cuts it
+        and ends the run from the phase the call was made in. The cut call's tokens count as estimated
+        (with ``account``), and a ``model_call_interrupted`` event with ``side_call: true`` is logged."""
+        h = self.h
+        provider = provider or h.view.provider
+        trace = ModelTrace()
+        try:
+            response = await h.interruptible(self.call(request, provider, trace), side_call=True)
+        except ControlCut:
+            if account:
+                h.accounting.cut(request, trace.streamed)
+            h.record("model_call_interrupted", {"streamed_chars": len(trace.streamed), "side_call": True,
+                                                "phase": h.view.state_name})
+            raise
+        if account:
+            h.accounting.call(request, response)
+        return response
+
+    # -- the phase -------------------------------------------------------------------------------
+    def build_request(self) -> MessageRequest:
+        """The next model request from the context and the turn settings."""
+        h = self.h
+        ctx, run, cfg = h.view, h.run_state, h.run_state.config
+        s = ctx.settings
+        tools: tuple[Any, ...] = ()
+        if s.tools_enabled and len(ctx._tools):
+            tools = ctx._tools.definitions(s.active_tools)
+            if len(tools) > MANY_TOOLS and not self._warned_tools:
+                self._warned_tools = True
+                note = (f"{len(tools)} tools are offered to the model (more than {MANY_TOOLS}); most models "
+                        "choose worse from long tool lists: offer fewer (tool_activation, a deny policy)")
+                log.warning("session %s: %s", ctx.session_id, note)
+                h.record("warning", {"kind": "many_tools", "tools": len(tools), "message": note})
+        kw: dict[str, Any] = {}
+        if cfg.output_schema is not None:
+            kw["output_schema"] = cfg.output_schema
+        return MessageRequest(
+            model=ctx.provider.model or "",
+            messages=tuple(ctx.messages),
+            tools=tools,
+            tool_choice=cfg.tool_choice if tools else None,
+            max_tokens=s.max_output_tokens or cfg.max_output_tokens,
+            temperature=cfg.temperature,
+            thinking=cfg.thinking,
+            **kw,
+        )
+
+    async def run(self) -> Outcome:
+        h = self.h
+        ctx, run, fl = h.view, h.run_state, h.inflight
+        run.turn += 1
+        request = fl.request = self.build_request()
+        h.turns.start(request)
+        fl.trace = ModelTrace()
+        run.max_output_override = None
+        deadline = PortDeadline(h.port, ctx.remaining_wall_clock)
+
+        async def inner(req: MessageRequest) -> MessageResponse:
+            # each attempt (a retrying middleware calls this again) gets what is left of the wall clock
+            return await self.call(req, ctx.provider, fl.trace, ctx.remaining_wall_clock)
+
+        try:
+            async with deadline:
+                response = await h.chain.model_call(request, ctx, inner)
+        except TimeoutError as exc:
+            if not deadline.expired():
+                if isinstance(exc, ProviderError):
+                    return self._provider_failed(exc)
+                raise
+            kept = self.controls.keep_cut_answer()
+            return Stop(StopReason.PAUSED_BUDGET, f"wall-clock budget exhausted during the model call: "
+                        f"{ctx.elapsed:.1f} s of {run.config.max_wall_clock:g} s used{kept}", {"budget": "wall_clock"})
+        except ContextLengthExceededError as exc:
+            if not run.context_retry:
+                run.context_retry = True
+                if exc.max_tokens_requested is not None and exc.limit and exc.input_tokens:
+                    run.max_output_override = max(1, exc.limit - exc.input_tokens)
+                h.turns.end()
+                return Move(Trigger.RETRY_CONTEXT, f"context length exceeded; re-trimming and retrying once ({exc})")
+            return Stop(StopReason.FAILED_TERMINAL, f"context length exceeded even after re-trimming: {exc}",
+                        {"error": exc.to_info()})
+        except ProviderError as exc:
+            return self._provider_failed(exc)
+        fl.request = None
+        run.context_retry = False
+        response = self._unique_call_ids(response)
+        cost = h.accounting.call(request, response)
+        if response.tool_calls and response.stop_reason is ModelStopReason.MAX_TOKENS:
+            return self._cut_off(request, response, cost)
+        run.output_retry = False
+        run.last_response = response
+        h.append(response.message)
+        info = {"model": response.model, "provider": response.provider, "stop_reason": response.stop_reason.value,
+                "raw_stop_reason": response.raw_stop_reason,
+                "usage": unstructure(response.usage) if response.usage else None, "cost_usd": cost}
+        if h.journal is not None:
+            ref = h.turns.context
+            h.record("model_call", {**info, "context": unstructure(ref) if ref else None})
+        h.turns.model_call(info, response.tool_calls)
+        stop = response.stop_reason
+        if response.tool_calls:
+            run.pending_calls = list(response.tool_calls)
+            return Move(Trigger.TOOL_USE, f"model stop reason {stop.value}: {len(response.tool_calls)} tool call(s)")
+        if stop is ModelStopReason.CONTENT_FILTERED:
+            return Stop(StopReason.FAILED_TERMINAL, "the provider's content filter blocked the answer",
+                        {"error": {"kind": "content_filtered", "message": response.refusal or ""}})
+        if stop is ModelStopReason.REFUSAL or (response.refusal and not response.text.strip()):
+            return Stop(StopReason.FAILED_TERMINAL, f"the model refused: {response.refusal or 'no reason given'}",
+                        {"error": {"kind": "refusal", "message": response.refusal or ""}})
+        return Move(Trigger.MODEL_DONE, f"model stop reason {stop.value}")
+
+    def _cut_off(self, request: MessageRequest, response: MessageResponse, cost: float | None) -> Outcome:
+        """The output-token limit cut the answer while it was writing tool calls: the last call's
+        arguments are incomplete. No call of this turn runs and the model is never shown the cut
+        call. The turn is discarded (its usage still counts) and the call is made once more with
+        twice the limit, bounded by the token budget; when that is used up (or cannot grow), the run
+        stops FAILED_RETRYABLE with error code ``tool_call_truncated``."""
+        h = self.h
+        run, cfg = h.run_state, h.run_state.config
+        provider = h.view.provider
+        used = request.max_tokens or provider.capabilities.max_output_tokens or 4096
+        larger = used * 2
+        if cfg.max_tokens is not None:
+            larger = min(larger, cfg.max_tokens - run.usage.total_tokens)
+        cap = provider.capabilities.max_output_tokens
+        if cap is not None:
+            larger = min(larger, cap)
+        names = ", ".join(c.name for c in response.tool_calls)
+        h.record("model_call", {
+            "model": response.model, "provider": response.provider, "stop_reason": response.stop_reason.value,
+            "raw_stop_reason": response.raw_stop_reason, "cost_usd": cost, "discarded": "tool_call_truncated",
+            "usage": unstructure(response.usage) if response.usage else None, "max_tokens": request.max_tokens})
+        if not run.output_retry and larger > used:
+            run.output_retry = True
+            run.max_output_override = larger
+            h.turns.end(verification=f"tool call(s) {names} cut off at {used} output tokens; discarded")
+            return Move(Trigger.RETRY_OUTPUT, f"the output limit ({used} tokens) cut off tool call(s) {names}; "
+                        f"retrying once with {larger}")
+        why = ("even after one retry with a larger limit" if run.output_retry
+               else "and the limit cannot grow within the budget")
+        run.output_retry = False
+        return Stop(StopReason.FAILED_RETRYABLE,
+                    f"the output-token limit ({used}) cut off tool call(s) {names} {why}; none of them ran — raise "
+                    "max_output_tokens (or the token budget) and resume",
+                    {"error": {"kind": "output_truncated", "code": "tool_call_truncated", "max_tokens": used,
+                               "message": f"tool call(s) {names} cut off by the output-token limit"}})
+
+    def _provider_failed(self, exc: ProviderError) -> Stop:
+        reason = StopReason.FAILED_RETRYABLE if exc.retryable else StopReason.FAILED_TERMINAL
+        # a stream cut mid-answer (a dropped connection): what streamed is kept, marked interrupted,
+        # so that a resume continues from it
+        kept = self.controls.keep_cut_answer() if exc.retryable and self.h.inflight.trace.text else ""
+        return Stop(reason, f"model call failed: {exc}{kept}", {"error": exc.to_info()})
+
+    def _unique_call_ids(self, response: MessageResponse) -> MessageResponse:
+        """Give every tool call of ``response`` an id unused so far in the session.
+
+        Some servers number calls ``call_0`` in every turn, or send empty or repeated ids; the ledger
+        and the transcript key results by id, so a reused id would make a new call look already done.
+        Renaming happens before anything is recorded, so resumes see the same ids; new ids come from
+        the port, so a replay renames alike.
+        """
+        calls = response.tool_calls
+        if not calls:
+            return response
+        transcript: list[Message] = self.h.view._transcript
+        used = {b.id for m in transcript if isinstance(m, AssistantMessage) for b in m.tool_calls}
+        seen: set[str] = set()
+        renamed = False
+        blocks = []
+        for b in response.message.content:
+            if isinstance(b, ToolUseBlock):
+                if not b.id or b.id in used or b.id in seen:
+                    b = evolve(b, id=f"call_{self.h.port.new_id()[:24]}")
+                    renamed = True
+                seen.add(b.id)
+            blocks.append(b)
+        if not renamed:
+            return response
+        return evolve(response, message=evolve(response.message, content=tuple(blocks)))
