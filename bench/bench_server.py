@@ -182,7 +182,7 @@ def fanout_app(workdir: Path, turns: int, interval: float) -> Any:
 
     from fsm_agent import tool
     from fsm_agent.agent import Agent
-    from fsm_agent.machine.config import RunConfig
+    from fsm_agent.config import RunConfig
     from fsm_agent.server import Tenants, create_app
     from fsm_agent.server.app import STORE_KEY
     from fsm_agent.store import SQLiteStore
