@@ -12,7 +12,8 @@ with each (checkpoint, stop record, turn record). Phases:
   event passes ``on_model_event`` and then the observers), bounded by the remaining wall clock →
   usage and cost → route on the response: tool calls → ``tool_use``; end of turn, stop sequence,
   max tokens, pause → ``model_done``; content filtered or refused → FAILED_TERMINAL; a provider
-  error → FAILED_RETRYABLE / FAILED_TERMINAL; a context-window error → ``retry_context`` once
+  error → FAILED_RETRYABLE / FAILED_TERMINAL (a failed answer is not history: what streamed is
+  the stop's ``partial`` only); tool calls cut by the output limit → ``retry_output`` once; a context-window error → ``retry_context`` once
   (case B20); the wall clock running out → PAUSED_BUDGET with the streamed part kept.
 * **MidTurn** — :mod:`.midturn` (the tool calls through the ledger).
 * **PostTurn** — the output schema check (one repair turn) → ``post_turn`` decisions
@@ -63,7 +64,7 @@ from ..providers.base import Provider, call_deadline, retry_listener
 from ..store.base import ControlKind, ControlRecord, LedgerEntry, LedgerStatus
 from ..tools.registry import ToolEffect
 from ..types.codec import unstructure
-from ..types.content import TextBlock, ToolUseBlock
+from ..types.content import TextBlock, ThinkingBlock, ToolUseBlock
 from ..types.events import ModelRetry, ModelStreamEvent, TransitionEvent
 from ..types.messages import AssistantMessage, Message, ModelStopReason, ToolResultMessage, Usage, UserMessage
 from ..types.requests import MessageRequest, MessageResponse
@@ -159,7 +160,10 @@ class Driver:
         self._request: MessageRequest | None = None
         """The model request in flight (for accounting an interrupted call)."""
         self._streamed: list[str] = []
-        """Text deltas of the model call in flight."""
+        """Text deltas of the model call in flight (of its current attempt: a failed attempt's are
+        dropped, so that an Interrupt or the wall clock never keeps a failed answer's text)."""
+        self._failed_partial = ""
+        """The text a failed attempt of the Model phase's call had streamed (the stop's ``partial``)."""
         self._last_message_seq: int | None = None
         self._transition_seq: int | None = None
         """Seq of the last ``transition`` event (the input of a turn resumed in MidTurn)."""
@@ -759,9 +763,12 @@ class Driver:
         """A history that ends with a plain assistant answer (one cut by an interrupt or the wall
         clock, or a turn continued without a message) would be sent as a prefill, which OpenAI-style
         APIs refuse with HTTP 400: ask the model to go on in a user message instead. A paused turn
-        (``pause_turn``) is continued as it is."""
+        (``pause_turn``) is continued as it is. A turn that holds only reasoning (thinking, encrypted
+        reasoning, a summary; no text, no calls) is no answer to continue: nothing is added, and each
+        protocol sends such a turn as its rules allow (Chat and Anthropic leave it out, Responses
+        drops a reasoning item with no output after it), so the model is asked again."""
         last = self.ctx.transcript[-1] if self.ctx.transcript else None
-        if not isinstance(last, AssistantMessage) or last.tool_calls:
+        if not isinstance(last, AssistantMessage) or last.tool_calls or not _has_answer(last):
             return
         resp = self.run_state.last_response
         cut = bool((last.provider_data or {}).get("interrupted"))
@@ -817,7 +824,10 @@ class Driver:
         provider = provider or self.ctx.provider
         streamed: list[str] = []
         if self._phase_task is not None:
-            response = await self._call(request, provider, streamed)
+            # in the Model phase a side call (a fallback provider's) streams the answer in flight:
+            # its text is what an Interrupt keeps, and a failure of it drops it
+            in_model = self.ctx.machine.state is Phase.MODEL
+            response = await self._call(request, provider, None if in_model else streamed)
         else:
             try:
                 response = await self._in_task(self._call(request, provider, streamed))
@@ -839,13 +849,23 @@ class Driver:
     async def _call(self, request: MessageRequest, provider: Provider,
                     streamed: list[str] | None = None) -> MessageResponse:
         """One provider call, streamed when configured. Text deltas are collected in ``streamed``
-        (default: :attr:`_streamed`, the Model phase's call in flight)."""
-        ctx = self.ctx
+        (default: :attr:`_streamed`, the Model phase's call in flight). A call that fails takes its
+        streamed text with it: it is not an answer (kept only as :attr:`_failed_partial`, for the stop)."""
         if not (self.run_state.config.stream and provider.capabilities.streaming):
             return await provider.chat(request)
-        final: MessageResponse | None = None
         if streamed is None:
             streamed = self._streamed = []
+        try:
+            return await self._stream(request, provider, streamed)
+        except Exception:
+            if streamed is self._streamed:
+                self._failed_partial = "".join(streamed)
+                streamed.clear()
+            raise
+
+    async def _stream(self, request: MessageRequest, provider: Provider, streamed: list[str]) -> MessageResponse:
+        ctx = self.ctx
+        final: MessageResponse | None = None
         wants = self.bus.wants(ModelStreamEvent)
         chain = self.chain
         has_filters = chain.filters_model_events
@@ -880,6 +900,7 @@ class Driver:
         request = self._request = self.build_request()
         self._start_turn(request)
         self._streamed = []
+        self._failed_partial = ""
         run.max_output_override = None
         remaining = ctx.remaining_wall_clock
         token = call_deadline.set(time.monotonic() + remaining) if remaining is not None else None
@@ -952,11 +973,16 @@ class Driver:
         twice the limit, bounded by the token budget; when that is used up (or cannot grow), the run
         stops FAILED_RETRYABLE with error code ``tool_call_truncated``."""
         run, cfg = self.run_state, self.run_state.config
-        used = request.max_tokens or self.ctx.provider.capabilities.max_output_tokens or 4096
+        cap = self.ctx.provider.capabilities.max_output_tokens
+        # the limit the answer met: the request's; without one, what the profile sends in its place,
+        # else the server's default, which the cut answer's reported output shows (else the model's
+        # maximum, else a guess)
+        sent = getattr(getattr(self.ctx.provider, "profile", None), "default_max_tokens", None)
+        reported = response.usage.output_tokens if response.usage is not None and not response.usage.estimated else 0
+        used = request.max_tokens or sent or reported or cap or 4096
         larger = used * 2
         if cfg.max_tokens is not None:
             larger = min(larger, cfg.max_tokens - run.usage.total_tokens)
-        cap = self.ctx.provider.capabilities.max_output_tokens
         if cap is not None:
             larger = min(larger, cap)
         names = ", ".join(c.name for c in response.tool_calls)
@@ -972,25 +998,49 @@ class Driver:
             self._end_turn(verification=f"tool call(s) {names} cut off at {used} output tokens; discarded")
             return Move(Trigger.RETRY_OUTPUT, f"the output limit ({used} tokens) cut off tool call(s) {names}; "
                         f"retrying once with {larger}")
-        why = ("even after one retry with a larger limit" if run.output_retry
-               else "and the limit cannot grow within the budget")
+        if run.output_retry:
+            why, step = ("even after one retry with a larger limit",
+                         "raise max_output_tokens (or the token budget) and resume")
+        elif cap is not None and used >= cap:
+            why, step = (f"and that is the model's own maximum ({cap})",
+                         "the call does not fit one answer of this model: resume with a Steer asking for smaller "
+                         "steps, or use a model with a larger output limit")
+        else:
+            why, step = ("and the limit cannot grow within the budget",
+                         "raise the token budget (max_tokens) or max_output_tokens and resume")
         run.output_retry = False
         return Stop(StopReason.FAILED_RETRYABLE,
-                    f"the output-token limit ({used}) cut off tool call(s) {names} {why}; none of them ran — raise "
-                    "max_output_tokens (or the token budget) and resume",
+                    f"the output-token limit ({used}) cut off tool call(s) {names} {why}; none of them ran — {step}",
                     {"error": {"kind": "output_truncated", "code": "tool_call_truncated", "max_tokens": used,
                                "message": f"tool call(s) {names} cut off by the output-token limit"}})
 
     def _provider_failed(self, exc: ProviderError) -> Stop:
+        """The stop of a model call the provider failed (after every retry). A failure is not an
+        answer, on any protocol and whatever cut it (an ``error`` event after some text, an
+        ``{"error": ...}`` chunk, a dropped connection): nothing that streamed enters the
+        conversation and nothing of the call is counted as an answer's usage, so a resume (or an
+        in-run retry) asks again from the same history. The streamed text rides the stop as
+        ``partial``, for the user; a ``model_call_failed`` event records the call."""
         reason = StopReason.FAILED_RETRYABLE if exc.retryable else StopReason.FAILED_TERMINAL
-        # a stream cut mid-answer (a dropped connection): what streamed is kept, marked interrupted,
-        # so that a resume continues from it
-        kept = self._keep_interrupted_answer() if exc.retryable and self._streamed else ""
-        return Stop(reason, f"model call failed: {exc}{kept}", {"error": exc.to_info()})
+        partial = self._failed_partial or "".join(self._streamed)
+        self._streamed = []
+        self._failed_partial = ""
+        self._request = None
+        if self.journal is not None:
+            self.journal.record("model_call_failed", {"kind": exc.kind, "status": exc.status,
+                                                      "streamed_chars": len(partial)}, self.run_state.turn)
+        note = (f"; the {len(partial)} characters that had streamed are not part of the conversation (stop.partial "
+                "has them): a resume asks again" if partial else "")
+        payload: dict[str, Any] = {"error": exc.to_info()}
+        if partial:
+            payload["partial"] = partial
+        return Stop(reason, f"model call failed: {exc}{note}", payload)
 
     async def _on_retry(self, exc: ProviderError, attempt: int, delay_s: float) -> None:
         """The provider is about to retry an HTTP attempt of the model call (its ``retry_listener``):
-        a ``model_retry`` event for the session log and the observers, delivered before the wait."""
+        a ``model_retry`` event for the session log and the observers, delivered before the wait. The
+        failed attempt's streamed text is dropped (a stream retried after content restarts the answer)."""
+        self._streamed.clear()
         self.ctx.emit(ModelRetry(self.ctx.session_id, self.run_state.turn, attempt, exc.status, exc.kind,
                                  exc.message[:2000], delay_s, server_hint=exc.retry_after is not None,
                                  provider=exc.provider))
@@ -1087,6 +1137,13 @@ class Driver:
             self._append(UserMessage(f.text))
         self._end_turn(verification="followup queued by the user")
         return Move(Trigger.NEXT_TURN, f"{len(followups)} followup request(s) queued by the user")
+
+
+def _has_answer(message: AssistantMessage) -> bool:
+    """Whether an assistant message holds anything but reasoning (non-blank text, a call, a server
+    tool block ...): reasoning alone is not an answer."""
+    return any(not isinstance(b, (TextBlock, ThinkingBlock)) or (isinstance(b, TextBlock) and b.text.strip())
+               for b in message.content)
 
 
 def _unique_call_ids(response: MessageResponse, transcript: list[Message]) -> MessageResponse:

@@ -16,6 +16,9 @@ Request rules, each from a public bug report (../shared/cases):
 * a call given twice in one turn is sent once, a result given twice once, and a call the
   history never answered gets an error ``tool_result`` (:data:`MISSING_RESULT`) in the next
   user turn;
+* an assistant turn never ends in a ``thinking`` or ``redacted_thinking`` block (the API answers
+  400 "The final block in an assistant message cannot be `thinking`"): reasoning after the turn's
+  last text or call is not sent, so a turn of reasoning alone is left out;
 * an answer marked interrupted (``AssistantMessage.provider_data["interrupted"]``, kept by the
   driver from a cut stream) goes without its reasoning, and the marker is never sent; a request
   never ends in a plain assistant turn (a prefill to the API): a user turn asking to continue
@@ -252,6 +255,10 @@ def messages_to_wire(messages: Iterable[Message]) -> tuple[str | list[Wire] | No
             cut = bool((m.provider_data or {}).get("interrupted"))
             content = [b for b in m.content if not (cut and isinstance(b, ThinkingBlock))]
             role, blocks = "assistant", _blocks(content, "assistant")
+            # "The final block in an assistant message cannot be `thinking`": reasoning after a turn's
+            # last text or call is not sent, so a turn of reasoning alone is left out (its neighbours merge)
+            while blocks and blocks[-1]["type"] in _REASONING:
+                blocks.pop()
         elif isinstance(m, ToolResultMessage):
             role, blocks = "user", [_tool_result(m.tool_call_id, m.content, m.is_error)]
         else:
@@ -295,6 +302,7 @@ def messages_to_wire(messages: Iterable[Message]) -> tuple[str | list[Wire] | No
 
 
 _PREFILL = frozenset({"text", "thinking", "redacted_thinking"})
+_REASONING = frozenset({"thinking", "redacted_thinking"})
 MISSING_RESULT = ("No result was recorded for this call (the run stopped before it finished); its outcome "
                   "is unknown.")
 """The ``tool_result`` sent for a call the history never answered (the API rejects a ``tool_use``
