@@ -232,8 +232,8 @@ async def test_parallel_calls_are_recorded_in_proposal_order() -> None:
 
     tools = [Tool(step, name="step", parameters={"type": "object", "properties": {"name": {"type": "string"}}})]
     pair = tool_call_response(("step", {"name": "a"}), ("step", {"name": "b"}))
-    again = tool_call_response(("step", {"name": "a"}), ("step", {"name": "b"}))
-    provider = ScriptedProvider([pair, again, tool_call_response(("step", {"name": "a"}), ("step", {"name": "b"})), "ok"])
+    again = [tool_call_response(("step", {"name": "a"}), ("step", {"name": "b"})) for _ in range(2)]
+    provider = ScriptedProvider([pair, *again, "ok"])
     await Agent(provider, tools=tools, middleware=[LoopDetection()]).run("go")
     assert finished == ["b", "a", "a", "b", "b", "a"]
     # proposal order a, b, a, b, a, b is three repetitions of one pattern, whatever order they finished in
