@@ -54,6 +54,7 @@ from ..types.content import (AudioBlock, ContentBlock, ExtensionBlock, FileBlock
                              TextBlock, ThinkingBlock, ToolResultBlock, ToolUseBlock)
 from ..types.messages import (AssistantMessage, Message, ModelStopReason, SystemMessage,
                               ToolResultMessage, Usage, UserImageMessage, UserMessage)
+from ..types.pairing import MISSING_RESULT, normalize_pairing  # the tool_result of a call never answered
 from ..types.requests import MessageRequest, MessageResponse, ToolDefinition
 from ..types.stream import (ContentBlockEnd, ContentBlockStart, CostUpdate, MessageComplete,
                             MessageStart, PartialMessageResponse, RefusalDelta, StreamEvent,
@@ -63,7 +64,7 @@ from .base import HttpProvider, StreamParser
 from .errors import error_from_payload
 from .sse import ServerSentEvent
 from .structured_output import response_format_of
-from .wire import (ARRAY, COUNT, INT, OBJECT, STR, STRAY, Shape, check, guard, list_of, obj, one_of,
+from .wire import (ARRAY, COUNT, INT, OBJECT, STR, STRAY, Shape, check, guard, list_of, obj, one_of, orphan_error,
                    stray_error, tagged)
 
 __all__ = ["DEFAULT_MAX_TOKENS", "DEFAULT_THINKING_BUDGET", "AnthropicProvider",
@@ -235,9 +236,16 @@ def messages_to_wire(messages: Iterable[Message]) -> tuple[str | list[Wire] | No
     text) in a user turn. Images are ``base64`` or ``url`` sources (a data URL is
     unpacked); files are ``document`` blocks (PDF base64, plain text, URL or file id).
 
+    The history is first put in the shape the API accepts (:func:`~fsm_agent.types.normalize_pairing`):
+    results right after the turn that called them, even past a later user or assistant turn.
+
     Raises:
         InvalidRequestError: the history holds audio, which the API does not accept.
+        InvalidHistoryError: a tool result answers no earlier call (the API refuses it).
     """
+    messages, orphans = normalize_pairing(tuple(messages))
+    if orphans:
+        raise orphan_error(messages, orphans, SOURCE)
     system: list[Wire] = []
     turns: list[tuple[str, list[Wire], bool]] = []  # role, blocks, holds an interrupted answer
     for m in messages:
@@ -303,10 +311,6 @@ def messages_to_wire(messages: Iterable[Message]) -> tuple[str | list[Wire] | No
 
 _PREFILL = frozenset({"text", "thinking", "redacted_thinking"})
 _REASONING = frozenset({"thinking", "redacted_thinking"})
-MISSING_RESULT = ("No result was recorded for this call (the run stopped before it finished); its outcome "
-                  "is unknown.")
-"""The ``tool_result`` sent for a call the history never answered (the API rejects a ``tool_use``
-without a ``tool_result`` right after it)."""
 CONTINUE_CUT = "Your previous answer was cut off before it finished; continue from where it stopped."
 CONTINUE = "Continue."
 """The user turns that follow a history ending in an assistant answer (an interrupted one, or

@@ -348,6 +348,10 @@ class ProviderConfig:
     """Retry a stream that already produced content (the consumer then sees the content again)."""
     record_to: str | None = None
     """Append every exchange, credentials scrubbed, to this JSON file (:mod:`fsm_agent.providers.record`)."""
+    profile: str | Profile | None = None
+    """The vendor profile, by name (``"mistral"``, one of :data:`~fsm_agent.providers.PROFILES`) or as a
+    :class:`Profile`: used as it is, overriding what :func:`~fsm_agent.providers.create_provider` would
+    detect from the base URL's host and the model name (see its order). ``None``: detected."""
 
 
 class StreamParser(Protocol):
@@ -438,6 +442,7 @@ class HttpProvider(Provider):
             raise ConfigurationError(f"provider {profile.name!r} needs an API key: set {env} "
                                      "(or ProviderConfig(api_key=...); CLI: --api-key)")
         self.tool_mode = self.config.tool_mode or profile.tool_mode
+        self._wire_profiles: dict[str, Profile] = {}
         from .http import HttpClient  # aiohttp is imported with the first HTTP provider, not with fsm_agent
 
         self._http = HttpClient(
@@ -451,6 +456,23 @@ class HttpProvider(Provider):
     @property
     def name(self) -> str:  # type: ignore[override]
         return self.profile.name
+
+    def wire_profile(self, model: str | None = None) -> Profile:
+        """The profile whose wire rules a request for ``model`` (default: this provider's model) follows:
+        :attr:`profile` with the model rules of the model's family filling what it leaves unset
+        (:func:`~fsm_agent.providers.profiles.with_model_rules`), or :attr:`profile` itself when
+        ``ProviderConfig.profile`` chose it."""
+        if self.config.profile is not None:
+            return self.profile
+        key = model or self.model or ""
+        found = self._wire_profiles.get(key)
+        if found is None:
+            from .profiles import with_model_rules
+
+            if len(self._wire_profiles) >= 64:  # models named per request: keep the map small
+                self._wire_profiles.clear()
+            found = self._wire_profiles[key] = with_model_rules(self.profile, key)
+        return found
 
     @property
     def capabilities(self) -> ProviderCapabilities:
