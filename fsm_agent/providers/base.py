@@ -457,21 +457,24 @@ class HttpProvider(Provider):
     def name(self) -> str:  # type: ignore[override]
         return self.profile.name
 
+    model_rules: Callable[[Profile, str | None], Profile] | None = None
+    """``(profile, model) -> profile`` adding a model's own wire rules to the profile
+    (:func:`~fsm_agent.providers.profiles.with_model_rules`, set by
+    :func:`~fsm_agent.providers.create_provider` unless ``ProviderConfig.profile`` chose the profile),
+    or ``None``: the profile as it is (a provider class built directly)."""
+
     def wire_profile(self, model: str | None = None) -> Profile:
         """The profile whose wire rules a request for ``model`` (default: this provider's model) follows:
-        :attr:`profile` with the model rules of the model's family filling what it leaves unset
-        (:func:`~fsm_agent.providers.profiles.with_model_rules`), or :attr:`profile` itself when
-        ``ProviderConfig.profile`` chose it."""
-        if self.config.profile is not None:
+        :attr:`profile` with :attr:`model_rules` applied, or :attr:`profile` itself when there are none
+        or ``ProviderConfig.profile`` chose it."""
+        if self.model_rules is None or self.config.profile is not None:
             return self.profile
         key = model or self.model or ""
         found = self._wire_profiles.get(key)
         if found is None:
-            from .profiles import with_model_rules
-
             if len(self._wire_profiles) >= 64:  # models named per request: keep the map small
                 self._wire_profiles.clear()
-            found = self._wire_profiles[key] = with_model_rules(self.profile, key)
+            found = self._wire_profiles[key] = self.model_rules(self.profile, key)
         return found
 
     @property

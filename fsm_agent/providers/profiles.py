@@ -10,7 +10,7 @@ from urllib.parse import urlsplit
 from attrs import evolve
 
 from ..errors import ConfigurationError
-from .base import Profile, Provider, ProviderCapabilities, ProviderConfig, ToolMode
+from .base import HttpProvider, Profile, Provider, ProviderCapabilities, ProviderConfig, ToolMode
 
 __all__ = ["MODEL_FAMILIES", "PROFILES", "ProviderType", "create_provider", "detect_profile", "get_profile",
            "model_family", "resolve_profile", "with_model_rules"]
@@ -347,6 +347,14 @@ def create_provider(kind: ProviderType | str, config: ProviderConfig | None = No
     config = config or ProviderConfig()
     if config.profile is not None:
         return _with_profile(kind, resolve_profile(config.profile), config)
+    provider = _for_kind(kind, config)
+    if isinstance(provider, HttpProvider):
+        provider.model_rules = with_model_rules
+    return provider
+
+
+def _for_kind(kind: ProviderType, config: ProviderConfig) -> Provider:
+    """The provider of ``kind``'s profile, or of the vendor whose API the base URL is (steps 2-3)."""
     if kind in _GENERIC:  # "openai" or "openai-compatible" at a vendor's URL: that vendor's profile
         detected = detect_profile(config.base_url)
         if detected is not None:
