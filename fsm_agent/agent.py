@@ -33,7 +33,7 @@ from attrs import evolve
 
 from .chain import MiddlewareChain
 from .control import Cancel, Decision, Followup, Interrupt, LoopControl, Steer
-from .errors import ChainError, ResumeError, SessionBusyError, SessionExistsError
+from .errors import ChainError, ResumeError, SessionBusyError, SessionEndedError, SessionExistsError
 from .hooks import HookBus
 from .config import RunConfig
 from .machine.definition import MachineState
@@ -52,8 +52,8 @@ from .store.memory import MemoryStore
 from .store.sessions import LoadedSession, load_session, send_control
 from .tools.registry import Tool, ToolRegistry
 from .types.codec import structure, unstructure
-from .types.messages import Message, SystemMessage, UserMessage
-from .types.run import RunResult, StopReason
+from .types.messages import AssistantMessage, Message, SystemMessage, UserMessage
+from .types.run import RunResult, RunStop, StopReason
 
 __all__ = ["Agent", "PortFactory", "drain_on_signals"]
 
@@ -286,9 +286,12 @@ class Agent:
         changing anything; returns the loaded session.
 
         Raises:
-            ResumeError: unknown session; it ended COMPLETED, FAILED_TERMINAL or CANCELLED; a decision
-                for a call that is not pending, or of a kind that call does not allow; another worker
-                holds its lease, or this agent is driving it already.
+            SessionEndedError: it ended for good (COMPLETED, FAILED_TERMINAL or CANCELLED); the error's
+                ``result`` is its stored :class:`RunResult` (a :class:`ResumeError`).
+            ResumeError: unknown session; a decision for a call that is not pending, or of a kind that
+                call does not allow.
+            SessionBusyError: another worker holds its lease, or this agent is driving it already (a
+                :class:`ResumeError`).
         """
         return await self._check_resume(self.store, session_id, decisions, time.time())
 
@@ -300,8 +303,12 @@ class Agent:
         rec = loaded.record
         terminal = _terminal(rec.state)
         if terminal is not None and not terminal.resumable:
-            raise ResumeError(f"session {session_id} ended {terminal.value}; only WAITING_HUMAN, PAUSED_BUDGET, "
-                              "INTERRUPTED and FAILED_RETRYABLE sessions can be resumed")
+            result = _stored_result(loaded, terminal)
+            detail = f" (stop detail: {result.stop.detail})" if result.stop.detail else ""
+            raise SessionEndedError(
+                f"session {session_id} ended {terminal.value}; only WAITING_HUMAN, PAUSED_BUDGET, INTERRUPTED and "
+                f"FAILED_RETRYABLE sessions can be resumed. Nothing was run again; the stored result is this error's "
+                f"result{detail}", session_id=session_id, reason=terminal, result=result)
         if decisions:
             _check_decisions(rec.stop, decisions)
         if any(d.ctx.session_id == session_id for d in self._active):
@@ -334,7 +341,18 @@ class Agent:
         found started but unfinished after a crash is reconciled by its tool or put to a person.
         Everything is checked before the lease is taken, and the lease is released on every way out.
 
+        **A session that already ended** (after a crash a caller cannot know whether the run
+        finished): a COMPLETED, FAILED_TERMINAL or CANCELLED session is never run again; ``resume``
+        raises :class:`~fsm_agent.errors.SessionEndedError`, whose ``result`` is the stored
+        :class:`RunResult` (its stop, last answer, transcript, usage, cost)::
+
+            try:
+                result = await agent.resume(session_id)
+            except SessionEndedError as ended:
+                result = ended.result          # the run had finished; nothing ran now
+
         Raises:
+            SessionEndedError: the session ended for good; carries its stored result.
             ResumeError: see :meth:`check_resume`; also when another worker takes the lease first.
         """
         effects = self._port(port)
@@ -450,6 +468,20 @@ async def drain_on_signals(interrupt_all: Callable[[str], int],
     finally:
         for sig in installed:
             loop.remove_signal_handler(sig)
+
+
+def _stored_result(loaded: LoadedSession, reason: StopReason) -> RunResult:
+    """The :class:`RunResult` a session that stopped ``reason`` stored: its stop (with payload), last
+    answer, transcript, usage, cost and structured output, read back without running anything."""
+    rec = loaded.record
+    state = structure(loaded.state_data, RunState) if loaded.state_data is not None else RunState()
+    stop = structure(rec.stop, RunStop) if rec.stop else RunStop(reason, f"ended {reason.value}")
+    output = next((m.text for m in reversed(loaded.transcript) if isinstance(m, AssistantMessage) and m.text.strip()),
+                  "")
+    last = state.last_response
+    return RunResult(rec.session_id, stop, output, tuple(loaded.transcript), state.usage, state.turn,
+                     state.tool_calls_made, last.stop_reason if last is not None else None, state.cost_usd, 0.0,
+                     state.metadata.get("output_data"))
 
 
 def _terminal(state: str) -> StopReason | None:

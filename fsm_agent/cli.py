@@ -39,7 +39,7 @@ from typing import Any, TextIO
 import orjson
 
 from ._version import __version__
-from .errors import ConfigurationError, FsmAgentError, SessionExistsError, UserError
+from .errors import ConfigurationError, FsmAgentError, SessionEndedError, SessionExistsError, UserError
 from .plugins import DEFAULT_MIDDLEWARE
 from .types.run import StopReason
 
@@ -1103,6 +1103,15 @@ def _build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _ended(exc: SessionEndedError, err: TextIO) -> None:
+    """``resume`` of a session that ended for good: say so, with its stored stop (nothing ran)."""
+    err.write(f"fsm-agent: session {exc.session_id} already ended {exc.reason.value}; nothing was run again "
+              f"(fsm-agent sessions show {exc.session_id} for its record)\n")
+    if exc.result is not None:
+        stop = exc.result.stop
+        _stop_lines(stop.reason, stop.detail, stop.error, [], err)
+
+
 def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None, err: TextIO | None = None) -> int:
     """Entry point; returns the exit code (the console script exits with it)."""
     out = out or sys.stdout
@@ -1130,6 +1139,9 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None, err: T
             return _middleware(args, out, err)
     except SessionExistsError as exc:  # Agent.run found the id taken (a race with the check in _run)
         err.write(f"fsm-agent: {_session_exists(exc.session_id)}\n")
+        return 2
+    except SessionEndedError as exc:  # resume of a session that ended for good: its stored result, nothing run
+        _ended(exc, err)
         return 2
     except UserError as exc:  # configuration, usage, unknown or final sessions
         err.write(f"fsm-agent: {exc}\n")

@@ -11,6 +11,8 @@
     │   ├── ExtraTypeError (+TypeError) MessageRequest.extra holds the wrong type for a key
     │   ├── ContextWriteError (+AttributeError)  a plugin wrote to a read-only part of its RunContext
     │   ├── ResumeError                resuming a session that cannot be resumed
+    │   │   ├── SessionBusyError       another worker (or this agent) drives it now
+    │   │   └── SessionEndedError      it ended for good; carries its stored ``result``
     │   ├── SessionExistsError (+KeyError)  a new run given the id of a session that exists
     │   └── SessionLinkError           a child session id already linked to another parent (or call)
     └── RunError                       a failure while a run is under way
@@ -105,6 +107,7 @@ __all__ = [
     "RunError",
     "ServerError",
     "SessionConflictError",
+    "SessionEndedError",
     "SessionExistsError",
     "SessionLinkError",
     "Signal",
@@ -159,6 +162,26 @@ class ResumeError(UserError):
 class SessionBusyError(ResumeError):
     """The session is being driven now (another worker holds its lease, or this agent drives it
     in this process): it can be resumed once that run stops. Try again later, or interrupt it."""
+
+
+class SessionEndedError(ResumeError):
+    """The session already ended for good (COMPLETED, FAILED_TERMINAL or CANCELLED): nothing was run
+    again. After a crash a caller cannot know whether its run finished; this error is how
+    :meth:`~fsm_agent.Agent.resume` (and ``check_resume``) hands back what the session stored.
+
+    Attributes:
+        session_id: the session.
+        reason: its :class:`~fsm_agent.types.StopReason`.
+        result: its stored :class:`~fsm_agent.types.RunResult` (stop with its detail and payload,
+            last answer, whole transcript, usage, cost, structured output; ``duration_s`` 0: no run
+            took place now), or ``None`` when only the caught error was built without one.
+    """
+
+    def __init__(self, message: str, *, session_id: str, reason: Any, result: Any = None) -> None:
+        super().__init__(message)
+        self.session_id = session_id
+        self.reason = reason
+        self.result = result
 
 
 class SessionExistsError(UserError, KeyError):

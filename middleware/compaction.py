@@ -25,6 +25,11 @@ only while the context is still over its target:
   a run of assistant messages with all their tool results), keeps the system messages, the first
   user message (the task) and the newest ``keep_last_turns`` steps. A later summary supersedes an
   earlier one: its range starts where the earlier one did, and its input holds the earlier summary.
+  What the user stated as a constraint in the range is copied into the summary by the runtime
+  itself, word for word, not left to the model: each sentence of a user message, Steer, Followup
+  or a person's answer to a call that reads as a constraint (never, do not, don't, must, only,
+  avoid ... in many languages; ``_constraints.py``), and the whole message when the reader cannot
+  read a sentence of it (another language, another script).
 
 Wherever a fact, prohibition or other must-keep item (:class:`Essentials`) sits inside a result
 L1 or L3 shrinks, the line holding it is kept verbatim next to the preview.
@@ -115,6 +120,10 @@ from fsm_agent.types import (
     unstructure,
 )
 from fsm_agent.types import pairing_problems as _pairing_problems
+
+from ._constraints import fold, holds
+from ._constraints import key as item_key
+from ._constraints import read as read_constraints
 
 __all__ = [
     "Attempt", "Compacted", "Compaction", "CompactionFailed", "CompactionFailedEvent", "CompactionOptions",
@@ -231,6 +240,13 @@ class CompactionRecord:
     kept: tuple[str, ...] = ()
     """Must-keep items (prohibitions, facts, goal, pending call ids) the new text still holds
     within the covered range."""
+    constraints: tuple[str, ...] = ()
+    """L2: the constraints the runtime itself copied into the summary, word for word (the user's
+    sentences read as constraints in the range, and must-keep prohibitions found there that the
+    summarizer's own ``prohibitions`` do not hold); see :func:`summarize_l2`."""
+    verbatim: tuple[int, ...] = ()
+    """L2: transcript indices of the user messages the runtime copied into the summary whole (it
+    could not read them with confidence)."""
     fallback: bool = False
     """A deterministic edit made because the summary failed and the context was still over the
     hard limit (tighter L1 / L3 settings); labelled so in the log and the event."""
@@ -252,6 +268,9 @@ class Essentials:
     """Verified facts, each checked as text."""
     pending: tuple[str, ...] = ()
     """Call ids of pending actions (calls without a result yet)."""
+    verbatim: tuple[str, ...] = ()
+    """Texts that must stay whole (user messages the default reader could not read with
+    confidence), each checked as text."""
 
     @property
     def items(self) -> tuple[str, ...]:
@@ -341,7 +360,7 @@ def _messages_sha(messages: Sequence[Message]) -> str:
 
 
 def _norm(text: str) -> str:
-    return " ".join(text.casefold().split())
+    return fold(text)
 
 
 def _message_text(m: Message) -> str:
@@ -356,6 +375,13 @@ def _context_text(messages: Sequence[Message]) -> str:
 
 
 _USER = (UserMessage, UserImageMessage)
+
+
+def _persons(m: Message) -> bool:
+    """A tool result a person wrote: the message of a rejection or the answer given for a call
+    (``metadata["decision"]`` ``reject`` / ``respond``). Read for constraints like a user message;
+    L1 and L3 never edit it."""
+    return isinstance(m, ToolResultMessage) and (m.metadata or {}).get("decision") in ("reject", "respond")
 
 
 def _step_starts(messages: Sequence[Message]) -> list[int]:
@@ -627,7 +653,7 @@ def plan_l1(transcript: Sequence[Message], records: Sequence[CompactionRecord] =
     exclude = set(options.exclude_tools)
     candidates = [i for i, m in enumerate(transcript)
                   if isinstance(m, ToolResultMessage) and i not in hidden and m.name not in exclude
-                  and (indices is None or i in indices)
+                  and not _persons(m) and (indices is None or i in indices)
                   and (i not in done or done[i].kind in ("dedupe", "preview"))]
     # identical results (as in the transcript): all but the last one point to the last one
     last_of: dict[tuple[str | None, str], int] = {}
@@ -691,7 +717,7 @@ def plan_l3(transcript: Sequence[Message], records: Sequence[CompactionRecord] =
     exclude = set(options.exclude_tools)
     edits: list[ContentEdit] = []
     for i, m in enumerate(transcript):
-        if not isinstance(m, ToolResultMessage) or i in hidden or m.name in exclude:
+        if not isinstance(m, ToolResultMessage) or i in hidden or m.name in exclude or _persons(m):
             continue
         if indices is not None and i not in indices:
             continue
@@ -816,11 +842,98 @@ def _check_output(out: Any, schema: OutputSchema) -> dict[str, Any]:
     return value
 
 
-def render_summary(output: Mapping[str, Any], *, first: int, last: int, call_id: str | None) -> str:
-    """The text of the summary message: :data:`SUMMARY_PREFIX`, where it comes from, then each
-    section of ``output`` (verbatim, in the schema's order)."""
+CARRIED_HEADING = "Constraints, kept word for word by the runtime:"
+"""In a summary, the line before the constraints the runtime copied (``- `` items; an item's
+later lines are indented by two spaces)."""
+VERBATIM_HEADING = "Messages kept word for word by the runtime (they may state constraints it could not read):"
+"""In a summary, the line before the user messages the runtime copied whole (each one a
+``[m<k>, <n> lines]`` line, then its ``n`` lines as they were)."""
+_BLOCK = re.compile(r"^\[m(\d+), (\d+) lines?\]$")
+
+
+def _carried_lines(constraints: Sequence[str], verbatim: Sequence[tuple[int, str]]) -> list[str]:
+    lines: list[str] = []
+    if constraints:
+        lines.append(CARRIED_HEADING)
+        for item in constraints:
+            head, *rest = item.split("\n")
+            lines.append(f"- {head}")
+            lines.extend(f"  {r}" for r in rest)
+    if verbatim:
+        lines.append(VERBATIM_HEADING)
+        for index, text in verbatim:
+            body = text.split("\n")
+            lines.append(f"[m{index}, {len(body)} line{'' if len(body) == 1 else 's'}]")
+            lines.extend(body)
+    return lines
+
+
+@frozen
+class _Parts:
+    """A summary message's text, taken apart (:func:`_summary_parts`)."""
+
+    constraints: tuple[str, ...]
+    verbatim: tuple[tuple[int, str], ...]
+    model: str
+    """The rest: the summarizer's sections (or the whole text after the first line, for a summary
+    this module did not write)."""
+
+
+def _summary_parts(text: str) -> _Parts:
+    """The runtime's parts of a summary (they follow its first line, with exact line counts, so
+    nothing the model or a user wrote can be taken for them) and the rest."""
+    lines = text.split("\n")
+    i = 1
+    constraints: list[str] = []
+    if i < len(lines) and lines[i] == CARRIED_HEADING:
+        i += 1
+        while i < len(lines) and lines[i].startswith("- "):
+            item = [lines[i][2:]]
+            i += 1
+            while i < len(lines) and lines[i].startswith("  "):
+                item.append(lines[i][2:])
+                i += 1
+            constraints.append("\n".join(item))
+    verbatim: list[tuple[int, str]] = []
+    if i < len(lines) and lines[i] == VERBATIM_HEADING:
+        i += 1
+        while i < len(lines):
+            found = _BLOCK.match(lines[i])
+            if found is None or i + 1 + int(found.group(2)) > len(lines):
+                break
+            n = int(found.group(2))
+            verbatim.append((int(found.group(1)), "\n".join(lines[i + 1:i + 1 + n])))
+            i += 1 + n
+    return _Parts(tuple(constraints), tuple(verbatim), "\n".join(lines[i:]))
+
+
+_TITLES = frozenset(f"{title}:" for _, title in _SECTIONS)
+
+
+def _summary_prohibitions(model: str) -> list[str]:
+    """The prohibitions the summarizer wrote: the items of its ``Prohibitions:`` section."""
+    out: list[list[str]] = []
+    inside = False
+    for line in model.split("\n"):
+        if line in _TITLES:
+            inside = line == "Prohibitions:"
+        elif inside and line.startswith("- "):
+            out.append([line[2:]])
+        elif inside and out:
+            out[-1].append(line)
+    return [t for t in ("\n".join(x).strip() for x in out) if t and t != "(none)"]
+
+
+def render_summary(output: Mapping[str, Any], *, first: int, last: int, call_id: str | None,
+                   constraints: Sequence[str] = (), verbatim: Sequence[tuple[int, str]] = ()) -> str:
+    """The text of the summary message: :data:`SUMMARY_PREFIX` and where it comes from; then what
+    the runtime carries word for word, ``constraints`` (after :data:`CARRIED_HEADING`) and the
+    ``(index, text)`` messages of ``verbatim`` (after :data:`VERBATIM_HEADING`); then each section
+    of ``output`` (verbatim, in the schema's order)."""
+    source = " ".join(str(call_id).split()) if call_id else ""
     lines = [f"{SUMMARY_PREFIX} Messages m{first}-m{last} of this session, summarised"
-             + (f" (summarizer call {call_id})." if call_id else "."),
+             + (f" (summarizer call {source})." if source else "."),
+             *_carried_lines(constraints, verbatim),
              f"Goal (version {output.get('goal_version')}): {str(output.get('goal', '')).strip()}"]
     for key, title in _SECTIONS:
         items = output.get(key) or []
@@ -860,20 +973,85 @@ async def _call(summarizer: Summarizer, messages: Sequence[Message], schema: Out
         raise CompactionFailed("raised", f"the summarizer raised {type(exc).__name__}: {str(exc)[:300]}") from exc
 
 
+_OURS = re.compile(rf"^{re.escape(SUMMARY_PREFIX)} Messages m\d+-m\d+ of this session, summarised")
+
+
+def _ours(m: Message) -> _Parts | None:
+    """A summary this module rendered, taken apart; ``None`` for any other message (a message that
+    only starts with :data:`SUMMARY_PREFIX`, a summary from elsewhere, is read like a user's)."""
+    if not (isinstance(m, UserMessage) and _OURS.match(m.text)):
+        return None
+    parts = _summary_parts(m.text)
+    return parts if parts.model.startswith("Goal (version ") else None
+
+
+def _said(messages: Sequence[Message]) -> str:
+    """What the user side said (system and user messages, summaries included), folded."""
+    return fold("\n".join(m.text for m in messages if isinstance(m, (SystemMessage, UserMessage))))
+
+
+def _carry(spans: Sequence[tuple[Message, int, int]], first: int, last: int, carry: Sequence[str],
+           written: Sequence[str]) -> tuple[list[str], list[tuple[int, str]]]:
+    """What the runtime copies into a summary of ``[first, last]`` itself, word for word:
+    ``(constraints, [(index, text), ...] of whole messages)``.
+
+    Read from the range: each user message's constraint sentences (:mod:`._constraints`), or the
+    whole message when the reader cannot read a sentence of it; what an earlier summary there
+    carried, and the prohibitions its summarizer wrote; and each item of ``carry`` the range's text
+    holds. Left out: what a system or user message that stays in the view holds, and what the new
+    summarizer's own ``written`` prohibitions hold word for word (the next summary reads those)."""
+    inside = [(m, a) for m, a, b in spans if a >= first and b <= last and not isinstance(m, SystemMessage)]
+    stays = _said([m for m, a, b in spans if not (a >= first and b <= last) or isinstance(m, SystemMessage)])
+    constraints: list[str] = []
+    blocks: dict[int, str] = {}
+    for m, a in inside:
+        parts = _ours(m)
+        if parts is not None:
+            constraints.extend(parts.constraints)
+            constraints.extend(_summary_prohibitions(parts.model))
+            blocks.update(parts.verbatim)
+        elif isinstance(m, _USER) or _persons(m):
+            reading = read_constraints(m.text)
+            if reading.unread:
+                blocks[a] = m.text
+            else:
+                constraints.extend(reading.constraints)
+    text = fold(_context_text([m for m, _ in inside]))
+    constraints.extend(c for c in carry if c.strip() and holds(text, c))
+    whole = [(k, t) for k, t in sorted(blocks.items()) if not holds(stays, t)]
+    held = "\n".join([stays, fold("\n".join(t for _, t in whole)), fold("\n".join(written))])
+    keys: dict[str, str] = {}
+    for c in constraints:
+        k = item_key(c)
+        if k and k not in held and k not in keys:
+            keys[k] = c
+    out = [c for k, c in keys.items() if not any(k != o and k in o for o in keys)]  # the longer one holds it
+    return out, whole
+
+
 async def summarize_l2(transcript: Sequence[Message], records: Sequence[CompactionRecord], summarizer: Summarizer, *,
                        first: int, last: int, options: CompactionOptions = CompactionOptions(),
                        keep: Sequence[str] = (), schema: OutputSchema = SUMMARY_SCHEMA,
                        tokens: Callable[[Sequence[Message]], int] = count_message_tokens,
-                       reason: str = "") -> CompactionRecord:
+                       reason: str = "", carry: Sequence[str] = ()) -> CompactionRecord:
     """Summarize the view of transcript range ``[first, last]`` with one summarizer call.
 
     The summarizer gets exactly the view messages that stand for the range (system messages
     aside: they stay), so its input covers what the summary removes, an earlier summary included.
 
+    The runtime, not the model, copies into the summary what the user stated as a constraint
+    (:func:`render_summary`, :attr:`CompactionRecord.constraints` / ``verbatim``): every sentence
+    of a user message in the range that reads as one (never, do not, don't, must, only, always,
+    avoid ... in English and other languages), the whole message when a sentence of it is in a
+    language or script the reader does not know, what an earlier summary in the range carried,
+    and each item of ``carry`` (must-keep prohibitions) the range holds. A model that drops one
+    drops nothing.
+
     Raises:
         CompactionFailed: the summarizer raised, timed out (``options.summarizer_timeout``), was
             cancelled, or answered with something invalid, empty, error-looking or over budget
-            (longer than ``max_summary_tokens``, or not shorter than what it replaces).
+            (its own part longer than ``max_summary_tokens``, or the whole summary not shorter
+            than what it replaces).
         ValueError: the range does not fit.
     """
     spans = view_spans(transcript, records)
@@ -888,17 +1066,21 @@ async def summarize_l2(transcript: Sequence[Message], records: Sequence[Compacti
     input_sha = _messages_sha(inside)
     if call_id is None:
         call_id = f"summarizer:{input_sha[:16]}"
-    text = render_summary(output, first=first, last=last, call_id=call_id)
+    constraints, whole = _carry(spans, first, last, carry, [str(p) for p in output.get("prohibitions", ())])
+    text = render_summary(output, first=first, last=last, call_id=call_id, constraints=constraints, verbatim=whole)
     # plain counts: the run's counter starts from the provider's report for the whole request (tool
     # definitions included), which is no measure of one message
+    own = count_message_tokens([UserMessage(render_summary(output, first=first, last=last, call_id=call_id))])
     size, removed = count_message_tokens([UserMessage(text)]), count_message_tokens(list(inside))
-    if size > options.max_summary_tokens or size >= removed:
-        raise CompactionFailed("over_budget", f"the summary has {size:,} tokens; the limit is "
+    if own > options.max_summary_tokens or size >= removed:
+        carried = f" (and {size - own:,} carried word for word)" if size > own else ""
+        raise CompactionFailed("over_budget", f"the summary has {own:,} tokens{carried}; the limit is "
                                f"{options.max_summary_tokens:,} and it replaces {removed:,}")
     return CompactionRecord("L2", first, last, _messages_sha(transcript[first:last + 1]), summary=text,
                             summary_sha256=_sha(text), summary_output=output, summarizer_call_id=call_id,
                             summarizer_input_sha256=input_sha, summarizer_input_messages=len(inside),
-                            kept=_kept_in(text, keep), reason=reason)
+                            kept=_kept_in(text, keep), reason=reason, constraints=tuple(constraints),
+                            verbatim=tuple(k for k, _ in whole))
 
 
 # -- the consistency check ---------------------------------------------------------------------
@@ -915,20 +1097,32 @@ def _open_calls(messages: Sequence[Message]) -> set[str]:
 def check_consistency(before: Sequence[Message], after: Sequence[Message], essentials: Essentials) -> list[str]:
     """What the context ``after`` lost against ``before``; ``[]`` when nothing.
 
-    Compared: the goal, each prohibition and each verified fact of ``essentials`` (as text,
-    case and whitespace aside: present before means present after); the pending actions (call
-    ids of ``essentials.pending`` and every call without a result before still so after); the goal
-    version (every summary new in ``after`` must state ``essentials.goal_version``); and pairing
-    (no pairing violation that ``before`` did not have).
+    Compared: the goal, each prohibition, each verified fact and each verbatim text of
+    ``essentials`` (as text, compared in :func:`._constraints.key` form: case, whitespace, curly or
+    straight quotes, full-width forms and trailing full stops aside; present before means present
+    after; a prohibition or verbatim text that a system or user message held before must be held by
+    one after, a summary counting, not only by what the assistant or a tool said); the pending
+    actions (call ids of ``essentials.pending`` and every call without a result before still so
+    after); the goal version (every summary new in ``after`` must state
+    ``essentials.goal_version``); and pairing (no pairing violation that ``before`` did not have).
     """
     problems: list[str] = []
-    b, a = _norm(_context_text(before)), _norm(_context_text(after))
+    b, a = fold(_context_text(before)), fold(_context_text(after))
+    said_b, said_a = _said(before), _said(after)
     for kind, items in (("goal", (essentials.goal,) if essentials.goal else ()),
-                        ("prohibition", essentials.prohibitions), ("verified fact", essentials.facts)):
+                        ("prohibition", essentials.prohibitions), ("verified fact", essentials.facts),
+                        ("message kept word for word", essentials.verbatim)):
+        user_side = kind in ("prohibition", "message kept word for word")
         for item in items:
-            key = _norm(item).rstrip(".")
-            if key and key in b and key not in a:
-                problems.append(f"lost {kind}: {item!r}")
+            k = item_key(item)
+            if not k:
+                continue
+            if user_side and k in said_b:
+                lost = k not in said_a
+            else:
+                lost = k in b and k not in a
+            if lost:
+                problems.append(f"lost {kind}: {item if len(item) <= 200 else item[:200] + '...'!r}")
     calls_before = {c.id for m in before if isinstance(m, AssistantMessage) for c in m.tool_calls}
     calls_after = {c.id for m in after if isinstance(m, AssistantMessage) for c in m.tool_calls}
     open_after = _open_calls(after)
@@ -941,7 +1135,7 @@ def check_consistency(before: Sequence[Message], after: Sequence[Message], essen
     old = {m.text for m in before if isinstance(m, UserMessage)}
     for m in after:
         if isinstance(m, UserMessage) and m.text.startswith(SUMMARY_PREFIX) and m.text not in old:
-            found = _GOAL_VERSION.search(m.text)
+            found = _GOAL_VERSION.search(_summary_parts(m.text).model)
             if found is None:
                 problems.append("the new summary states no goal version")
             elif essentials.goal_version is not None and int(found.group(1)) != essentials.goal_version:
@@ -953,23 +1147,9 @@ def check_consistency(before: Sequence[Message], after: Sequence[Message], essen
     return problems
 
 
-_PROHIBITION = re.compile(r"^(?:never|do not|don't|must not|you must not|you may not|you must never)\b"
-                          r"|\b(?:is|are) (?:forbidden|not allowed|prohibited)\b", re.I)
 _FACT_LINE = re.compile(r"^\s*(?:[-*\u2022]\s*)?(?:verified|fact)\s*:\s*(.+?)\s*$", re.I | re.M)
-_BULLET = re.compile(r"^\s*(?:[-*\u2022]\s*|\d+[.)]\s*)?(?:(?:constraints?|rules?|prohibitions?|"
-                     r"restrictions?|important|note)\s*:\s*)?", re.I)
 STEER_PREFIX = "New direction from the user:"
 """How the runtime words a Steer in the transcript (its text is part of the goal)."""
-
-
-def _clauses(text: str) -> list[str]:
-    out = []
-    for line in text.split("\n"):
-        for clause in re.split(r";\s*|(?<=[.!?])\s+(?=[A-Z])", line):
-            item = _BULLET.sub("", clause, count=1).strip().rstrip(".").strip()
-            if item and len(item) <= 300 and _PROHIBITION.search(item):
-                out.append(item)
-    return out
 
 
 def extract_essentials(messages: Sequence[Message], goal_version: int | None = None,
@@ -977,28 +1157,48 @@ def extract_essentials(messages: Sequence[Message], goal_version: int | None = N
     """The default must-keep items of a context (the plugin's ``essentials`` option replaces it):
 
     * goal: the first line of the first user message;
-    * prohibitions: each clause (split at line ends, sentence ends and ``;``, bullet and ``Constraints:``-like
-      label removed) that starts with never / do not / don't / must not, or says something is
-      forbidden / not allowed / prohibited, in a system message, the first user message, a Steer
-      (``New direction from the user: ...``) or an earlier summary;
+    * prohibitions: in every system and user message (the task, a Steer — ``New direction from
+      the user: ...`` —, a Followup, any other) and every tool result a person wrote (a rejection's
+      message, an answer given for a call: ``metadata["decision"]``), each sentence that reads as a constraint: one
+      holding never / do not / don't (straight or curly) / must / must not / shall not / should
+      not / only / always / avoid / under no circumstances / forbidden / please ..., in any case,
+      or their forms in French, German, Spanish, Italian, Portuguese, Dutch, a dozen more
+      Latin-script languages, Russian, Ukrainian, Greek, Chinese, Japanese, Korean, Arabic, Hebrew,
+      Hindi or Thai (a ``Header:`` line with the list under it is one item); in an earlier summary
+      of this module, what the runtime carried and the summarizer's ``Prohibitions`` (a message
+      that starts with :data:`SUMMARY_PREFIX` but was written elsewhere is read like a user's).
+      Each item is the text as written;
+    * verbatim: each user or system message with a sentence in a language or script the reader
+      does not know, whole (a summary must carry it word for word); and the messages an earlier
+      summary carried whole;
     * facts: the items of the ``Verified facts`` / ``Evidence`` sections of earlier summaries, and
       lines that start with ``Verified:`` or ``Fact:`` anywhere;
     * pending: ``pending`` plus every call without a result.
+
+    Assistant messages and tool results are not read for prohibitions (a tool's output is not the
+    user's word).
     """
     first_user = next((i for i, m in enumerate(messages) if isinstance(m, UserMessage)
                        and not m.text.startswith(SUMMARY_PREFIX)), None)
     goal = messages[first_user].text.strip().split("\n", 1)[0][:300] if first_user is not None else None
     prohibitions: list[str] = []
+    verbatim: list[str] = []
     facts: list[str] = []
-    for i, m in enumerate(messages):
+    for m in messages:
         text = m.text
-        summary = isinstance(m, UserMessage) and text.startswith(SUMMARY_PREFIX)
-        if isinstance(m, SystemMessage) or i == first_user or summary or (
-                isinstance(m, UserMessage) and text.startswith(STEER_PREFIX)):
-            prohibitions.extend(_clauses(text))
-        if summary:
+        parts = _ours(m)
+        if parts is not None:
+            prohibitions.extend(parts.constraints)
+            prohibitions.extend(_summary_prohibitions(parts.model))
+            verbatim.extend(t for _, t in parts.verbatim)
+        elif isinstance(m, (SystemMessage, *_USER)) or _persons(m):
+            reading = read_constraints(text)
+            prohibitions.extend(reading.constraints)
+            if reading.unread:
+                verbatim.append(text)
+        if isinstance(m, UserMessage) and text.startswith(SUMMARY_PREFIX):
             in_facts = False
-            for line in text.split("\n"):
+            for line in (parts.model if parts is not None else text).split("\n"):
                 stripped = line.strip()
                 if re.match(r"^(?:verified facts|evidence)\s*:\s*$", stripped, re.I):
                     in_facts = True
@@ -1010,7 +1210,8 @@ def extract_essentials(messages: Sequence[Message], goal_version: int | None = N
                     in_facts = False
         facts.extend(f.group(1) for f in _FACT_LINE.finditer(text) if len(f.group(1)) <= 300)
     return Essentials(goal, goal_version, tuple(dict.fromkeys(prohibitions)), tuple(dict.fromkeys(facts)),
-                      tuple(dict.fromkeys([*pending, *sorted(_open_calls(messages))])))
+                      tuple(dict.fromkeys([*pending, *sorted(_open_calls(messages))])),
+                      tuple(dict.fromkeys(verbatim)))
 
 
 # -- token counting ----------------------------------------------------------------------------
@@ -1132,7 +1333,8 @@ async def compact(transcript: Sequence[Message], records: Sequence[CompactionRec
         if count_message_tokens(inside) < options.min_summary_input_tokens:  # a plain count of the range
             return None
         return await summarize_l2(transcript, recs, summarizer, first=rng[0], last=rng[1], options=options,
-                                  keep=keep, tokens=tokens, reason=why("L2"))
+                                  keep=keep, tokens=tokens, reason=why("L2"),
+                                  carry=(*essentials.prohibitions, *essentials.verbatim))
 
     plans = {"L1": l1, "L3": l3, "L2": l2}
     for level in LEVELS:

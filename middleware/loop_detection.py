@@ -1,48 +1,56 @@
 """Loop detection: warn, then block, then stop a model that repeats tool calls without progress.
 
 Sources: DESIGN.md §4; seed 000 §5.4 (octos ``loop_detect.rs``); case B22 (false positives versus a
-real loop); issue 8 item 4 (progress versus no progress; alternation through denials).
+real loop); issue 8 item 4 (progress versus no progress; alternation through denials); issue 19
+item 6 (a repeat is judged once its result is in: polling is not a loop).
 
 Seed 000 §5.4.2 gives the numbers: a ring buffer of the last **12** call signatures (tool name +
 arguments), patterns of length **1, 2 or 3**, and a loop is "the same pattern **3** times in a row"
 (``[A, A, A]``, ``[A, B, A, B, A, B]``, ``[A, B, C, A, B, C, A, B, C]``). Its §5.4.3 only injects
-a warning and leaves the end to the iteration limit; B22 and issue 8 ask for more (the 3rd
-proposal intercepted, the run stopped rather than COMPLETED), hence the escalation below.
+a warning and leaves the end to the iteration limit; B22 and issue 8 ask for more (a repeat
+intercepted, the run stopped rather than COMPLETED), hence the escalation below.
 
 * **Call identity**: tool name + arguments as canonical JSON (sorted keys, compact), so re-ordered
   keys do not hide a repeat; arguments that were not valid JSON count by their raw text. The
   identity is the model's proposal as recorded in the transcript.
 * **Result identity**: a hash of ``is_error`` + the result's content blocks as canonical JSON
   (what the model was shown; ``metadata`` is not part of it).
-* **No progress**: the last calls (the window) end with a pattern of 1-``max_pattern`` calls
-  repeated in a row, with the same calls *and the same results* in every repetition. A call
-  repeated with new results each time (polling 10%, 45%, 90%) is progress, and so is a batch that
-  repeats one shape with other arguments (B22 ``fp_*``). A call whose result flips between two
-  values (on, off, on, off) is a pattern of length 2 with repeating results: no progress. A
-  pattern of several calls counts only when each of its calls' results repeats too.
+* **A repeat counts once its result is in.** A loop is the last calls (the window) ending with a
+  pattern of 1-``max_pattern`` calls repeated ``repeats`` times in a row, the same calls *with the
+  same results* in every repetition, every one of those results known. A proposal is never judged
+  by guessing its result: a status poll that answered "running" twice runs a 3rd time (it may say
+  "done"), and so do three identical calls proposed together in one response. A call repeated with
+  new results each time (polling 10%, 45%, 90%) is progress, and so is a batch that repeats one
+  shape with other arguments (B22 ``fp_*``). A call whose result flips between two values (on, off,
+  on, off, on, off) is a pattern of length 2 with repeating results: no progress. A pattern of
+  several calls counts only when each of its calls' results repeats too.
 * **Denials are kept in the history.** A proposal this middleware denied stays in it as a call
-  that did not run (its result matches any result), so A, B, A, B, A, B(denied), A is still the
-  same loop and the run stops there, within three repetitions. A call that another middleware
-  denied or answered never reaches this middleware's ``on_tool_call``; it is read from the
-  transcript with the answer it got as its result, so the same denied call proposed again and
+  that did not run: it matches any result and counts as no repetition, so A, B, A, B, A, B,
+  A(denied), B is still the same loop and the run stops there. The window holds ``window`` calls
+  with a result; this middleware's own denials are kept besides them. A call that another
+  middleware denied or answered never reaches this middleware's ``on_tool_call``; it is read from
+  the transcript with the answer it got as its result, so the same denied call proposed again and
   again is a loop too.
 
 Escalation, per loop:
 
-1. **warn** — once the calls end with ``repeats - 1`` repetitions, the next model call gets a
-   runtime notice, a user message appended to ``ctx.messages`` (once per loop);
-2. **block** — a proposal that brings the repetitions to ``repeats`` gets ``Deny``: it does not
-   run, and the model sees an error tool result saying why and what to do instead;
+1. **warn** — once ``repeats`` repetitions came back with the same results, the next model call
+   gets a runtime notice, a user message appended to ``ctx.messages`` (once per loop);
+2. **block** — a proposal that continues the loop gets ``Deny``: it does not run, and the model
+   sees an error tool result saying why and what to do instead (other calls of the same response
+   that continue it too are denied with it);
 3. **stop** — once the model has seen denials of the loop from ``max_blocks`` model turns, its next
    proposal that continues the loop ends the run FAILED_TERMINAL, detail ``"loop detected: ..."``,
    ``error={"kind": "loop_detected", ...}``. Several denials in one model turn count once (the
    model had not seen any of them when it proposed them). A loop that this middleware never gets
-   to block (another middleware denies every repeat first) ends the run in PreTurn once it reaches
-   ``repeats + max_blocks`` repetitions.
+   to block (another middleware or a person answers every proposal first) ends the run in PreTurn
+   once the model has continued it, after the loop was known, in ``max(max_blocks, 1)`` turns.
 
-Defaults on B22 ``tp_same_call_same_result``: 2 identical runs, the warning, the 3rd proposal
-denied, the 4th stops the run. A poll that returns the same status twice in a row is treated the
-same way: include progress in such results, or raise ``repeats``.
+Defaults on B22 ``tp_same_call_same_result``: 3 identical runs, the warning, the 4th proposal
+denied, the 5th stops the run. (B22's expected file predates issue 19 and intercepts the 3rd
+proposal, a guess at a result not yet known: the same guess that denied polls.) A poll that
+returns the same status 3 times in a row is a loop by the same rule: include progress in such
+results, or raise ``repeats``.
 
 **History comes from the transcript**, read incrementally (each message once), not from private
 bookkeeping: a resumed run (a new ``RunContext`` over the same transcript, after a pause, an
@@ -57,6 +65,10 @@ results) are already in it, as are the denial and the stop detail. In the transc
 would be re-sent on every later call, long after it stopped being true, and saved with the session
 as if a user had said it. It is a user message because Anthropic takes system text only first
 (and the repair pipeline would merge a late system message there).
+
+Cost: each call's identity is computed once (orjson, sorted keys) when its response is read, each
+result's once when it arrives; a proposal whose call has fewer than ``repeats`` results in the
+window is let through without looking for patterns.
 """
 
 from __future__ import annotations
@@ -66,9 +78,11 @@ import json
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
+import orjson
+
 from fsm_agent import Deny, Middleware, Ordering, RunContext, StopReason, StopRun
-from fsm_agent.types import (AssistantMessage, ToolResultMessage, ToolUseBlock, UserImageMessage, UserMessage,
-                             unstructure)
+from fsm_agent.types import (AssistantMessage, TextBlock, ToolResultMessage, ToolUseBlock, UserImageMessage,
+                             UserMessage, unstructure)
 
 __all__ = ["NOTICE_PREFIX", "LoopDetection", "call_identity", "find_repetition", "result_identity"]
 
@@ -76,14 +90,15 @@ NOTICE_PREFIX = "[runtime notice: loop detection]"
 """First words of the warning message."""
 
 _NOT_RUN_KEYS = ("denied_by", "responded_by")
+_SORTED = orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS
 
 
 class _Step(NamedTuple):
     call: str
     """Call identity (:func:`call_identity`)."""
     result: str | None
-    """Result identity (:func:`result_identity`), or ``None`` for a proposal that did not run
-    because this middleware denied it, or has not run yet (an earlier call of the same turn)."""
+    """Result identity (:func:`result_identity`), or ``None`` while no result is known: a proposal
+    this middleware denied (it never ran), or one of the current response that has not run yet."""
     turn: int
     """Which model response proposed it (its number among the transcript's assistant messages)."""
     ours: bool
@@ -96,11 +111,18 @@ class _Step(NamedTuple):
     """The start of the result text, for messages."""
 
 
+def _canonical(value: Any) -> str:
+    """``value`` as canonical JSON: sorted keys, compact, UTF-8 text (not ``\\u`` escapes)."""
+    try:
+        return orjson.dumps(value, option=_SORTED, default=str).decode()
+    except orjson.JSONEncodeError:  # an integer past 64 bits, a key orjson cannot sort: the slow path
+        return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+
+
 def _args(call: ToolUseBlock) -> str:
     if call.raw_input is not None:
         return f"raw:{call.raw_input}"
-    return json.dumps(call.input, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
-                      default=str)
+    return _canonical(call.input)
 
 
 def call_identity(call: ToolUseBlock) -> str:
@@ -110,48 +132,54 @@ def call_identity(call: ToolUseBlock) -> str:
 
 def result_identity(result: ToolResultMessage) -> str:
     """A hash of ``is_error`` and the result's content blocks as canonical JSON (sorted keys)."""
-    payload = json.dumps([int(result.is_error), unstructure(list(result.content))], sort_keys=True,
-                         separators=(",", ":"), ensure_ascii=False, default=str)
-    return hashlib.sha256(payload.encode()).hexdigest()[:32]
+    blocks = [b.text if type(b) is TextBlock and not b.citations else unstructure(b) for b in result.content]
+    return hashlib.sha256(_canonical([int(result.is_error), blocks]).encode()).hexdigest()[:32]
 
 
-def _periodic(steps: Sequence[tuple[Any, ...]], length: int, same_results: bool = True) -> int:
-    """How many of the last ``steps`` repeat the last ``length`` ones, period ``length``.
+def _periodic(steps: Sequence[tuple[Any, ...]], length: int, same_results: bool = True) -> tuple[int, int]:
+    """``(tail, known)``: how many of the last ``steps`` repeat the last ``length`` ones with period
+    ``length``, and the fewest known results any one phase of that tail has.
 
     Steps are ``(call identity, result identity or None, ...)``. Within one phase of the period
-    every call must be equal and every known result equal (``None``: did not run, matches any);
-    results are compared against the phase's result, not just the neighbour's, so a ``None``
-    between two different results does not join them.
+    every call must be equal and (``same_results``) every known result equal. ``None`` (no result:
+    not run, or not run yet) matches any result and is not counted as known; results are compared
+    against the phase's result, not just the neighbour's, so a ``None`` between two different
+    results does not join them.
     """
     n = len(steps)
-    known: list[str | None] = [None] * length
+    first: list[str | None] = [None] * length
+    known = [0] * length
     k = 0
     while k < n:
         s = steps[n - 1 - k]
         phase = k % length
         if k >= length and s[0] != steps[n - 1 - phase][0]:
             break
-        if same_results and s[1] is not None:
-            if known[phase] is None:
-                known[phase] = s[1]
-            elif known[phase] != s[1]:
-                break
+        result = s[1]
+        if result is not None:
+            if same_results:
+                if first[phase] is None:
+                    first[phase] = result
+                elif first[phase] != result:
+                    break
+            known[phase] += 1
         k += 1
-    return k
+    return k, min(known)
 
 
 def _find(steps: Sequence[tuple[Any, ...]], repeats: int, max_pattern: int,
           same_results: bool = True) -> tuple[int, int] | None:
-    """``(pattern length, periodic tail length)`` of a pattern repeated at least ``repeats`` times
-    at the end of ``steps``: the one with the longest periodic tail, the shortest of equals; or
-    ``None``. (The longest tail, because a call that did not run matches any result: after
-    on, off, on, off, on, (denied) the tail "on, (denied)" is a shorter and wrong reading.)"""
+    """``(pattern length, periodic tail length)`` of a pattern whose calls came back with their
+    results at least ``repeats`` times in a row at the end of ``steps``: the one with the longest
+    periodic tail, the shortest of equals; or ``None``. (The longest tail, because a step without a
+    result matches any result: after on, off, on, off, on, (denied) the tail "on, (denied)" is a
+    shorter and wrong reading.)"""
     best: tuple[int, int] | None = None
     for length in range(1, max_pattern + 1):
         if len(steps) < length * repeats:
             break
-        tail = _periodic(steps, length, same_results)
-        if tail // length >= repeats and (best is None or tail > best[1]):
+        tail, known = _periodic(steps, length, same_results)
+        if known >= repeats and (best is None or tail > best[1]):
             best = (length, tail)
     return best
 
@@ -159,11 +187,13 @@ def _find(steps: Sequence[tuple[Any, ...]], repeats: int, max_pattern: int,
 def find_repetition(steps: Sequence[tuple[str, str | None]], *, repeats: int,
                     max_pattern: int = 3, same_results: bool = True) -> int | None:
     """Length of the pattern (1..``max_pattern``) that ``steps`` end with, ``repeats`` or more times
-    in a row, or ``None``. Of several, the one that covers the most steps, then the shortest.
+    in a row with every result known, or ``None``. Of several, the one that covers the most steps,
+    then the shortest.
 
     ``steps``: ``(call identity, result identity or None)``, oldest first. Repetitions match when
-    their calls are equal and (with ``same_results``) their results are equal, ``None`` (not run)
-    matching any result.
+    their calls are equal and (with ``same_results``) their results are equal. ``None`` is a call
+    whose result is not known (it did not run, or has not run yet): it matches any result but
+    does not count as a repetition, so ``[(A, r), (A, r), (A, None)]`` is not yet a loop of 3.
     """
     found = _find(steps, repeats, max_pattern, same_results)
     return None if found is None else found[0]
@@ -180,11 +210,10 @@ def _labels(steps: Sequence[_Step]) -> list[str]:
 
 
 def _shown(tail: Sequence[_Step], length: int) -> str:
-    """The latest known result preview of each call of the pattern ``tail[-length:]``, in order."""
+    """The latest known result preview of each call of the pattern ``tail[:length]``, in order."""
     out = []
     for i in range(length):
-        phase = [tail[j] for j in range(len(tail) - length + i, -1, -length)]
-        preview = next((s.preview for s in phase if s.result is not None), "")
+        preview = next((s.preview for s in reversed(tail[i::length]) if s.result is not None), "")
         if preview:
             out.append(repr(preview))
     return "; ".join(out) or "no output"
@@ -194,10 +223,11 @@ class LoopDetection(Middleware):
     """MidTurn middleware that warns, blocks and finally stops repeated tool calls (module doc).
 
     Args:
-        window: calls remembered (seed 000 §5.4.2: 12).
+        window: calls remembered, with their results (seed 000 §5.4.2: 12); this middleware's own
+            denials are kept besides them.
         max_pattern: longest pattern looked for, in calls (seed 000 §5.4.2: 3).
-        repeats: repetitions that make a loop (seed 000 §5.4.2, B22: 3); the warning comes one
-            earlier, the block at this one.
+        repeats: repetitions, each with its results in, that make a loop (seed 000 §5.4.2, B22: 3);
+            the warning comes once they are in, the block at the next proposal in the loop.
         max_blocks: model turns with denials of one loop the model may see before its next
             proposal in the loop ends the run (1). The window must hold them.
         same_results: a repeat counts only when its results were identical too (B22; True).
@@ -231,9 +261,10 @@ class LoopDetection(Middleware):
         """Read the transcript's new messages into the history; return the state.
 
         State: ``pos`` (messages read), ``turn`` (assistant messages read), ``last`` (the calls of
-        the latest assistant message), ``open`` (its calls without a result yet, by id),
-        ``history`` (``_Step``s, at most ``window``), ``denied`` (ids this middleware denied),
-        ``warned`` (loop keys warned of), ``events``.
+        the latest assistant message, with their identities), ``open`` (those without a result yet,
+        by id), ``history`` (``_Step``s: the last ``window`` with a result, and this middleware's
+        denials among them), ``denied`` (ids this middleware denied), ``warned`` (loop keys warned
+        of), ``events``.
         """
         st = ctx.state(self)
         if not st:
@@ -246,30 +277,42 @@ class LoopDetection(Middleware):
         history: list[_Step] = st["history"]
         for m in transcript[st["pos"]:]:
             if isinstance(m, ToolResultMessage):
-                call = st["open"].pop(m.tool_call_id, None)
-                if call is not None:
-                    history.append(self._step(call, st["turn"], m, st["denied"]))
+                opened = st["open"].pop(m.tool_call_id, None)
+                if opened is not None:
+                    history.append(self._step(opened[0], opened[1], st["turn"], m, st["denied"]))
             elif isinstance(m, AssistantMessage):
                 st["turn"] += 1
-                st["last"] = m.tool_calls
-                st["open"] = {c.id: c for c in m.tool_calls}
+                st["last"] = tuple((c, call_identity(c)) for c in m.tool_calls)
+                st["open"] = {c.id: (c, ident) for c, ident in st["last"]}
             elif isinstance(m, (UserMessage, UserImageMessage)):  # new input: a fresh start
                 history.clear()
         st["pos"] = len(transcript)
-        del history[: -self.window]
+        if len(history) > self.window:
+            self._trim(history)
         return st
 
-    def _step(self, call: ToolUseBlock, turn: int, result: ToolResultMessage | None,
+    def _trim(self, history: list[_Step]) -> None:
+        """Keep the last ``window`` steps with a result, and this middleware's denials after the
+        oldest of them (a denial is no call that ran; it must not push the loop's repetitions out)."""
+        kept = 0
+        for i in range(len(history) - 1, -1, -1):
+            if not history[i].ours:
+                kept += 1
+                if kept > self.window:
+                    del history[: i + 1]
+                    return
+
+    def _step(self, call: ToolUseBlock, identity: str, turn: int, result: ToolResultMessage | None,
               denied: set[str]) -> _Step:
-        label = f"{call.name} {_args(call)[:200]}"
+        label = f"{call.name} {identity[len(call.name) + 1:][:200]}"
         if result is None:
-            return _Step(call_identity(call), None, turn, call.id in denied, False, label, "")
+            return _Step(identity, None, turn, call.id in denied, False, label, "")
         md = result.metadata or {}
         ours = md.get("denied_by") == self.middleware_name or call.id in denied
         if ours:
-            return _Step(call_identity(call), None, turn, True, False, label, "")
+            return _Step(identity, None, turn, True, False, label, "")
         ran = not any(md.get(k) for k in _NOT_RUN_KEYS) and md.get("decision") not in ("reject", "respond")
-        return _Step(call_identity(call), result_identity(result), turn, False, ran, label, result.text[:120])
+        return _Step(identity, result_identity(result), turn, False, ran, label, result.text[:120])
 
     def _match(self, steps: Sequence[_Step], repeats: int) -> tuple[int, list[_Step]] | None:
         found = _find(steps, repeats, self.max_pattern, self.same_results)
@@ -278,30 +321,48 @@ class LoopDetection(Middleware):
         length, tail = found
         return length, list(steps[len(steps) - tail:])
 
+    def _interceptions(self, tail: Sequence[_Step], length: int, before: int) -> list[_Step]:
+        """The steps of ``tail`` (a pattern of ``length`` calls) proposed before model turn ``before``
+        that did not run although the loop was already known: this middleware's denials, and a
+        proposal another middleware or a person answered instead of running it."""
+        known = [0] * length
+        established = False
+        out: list[_Step] = []
+        m = len(tail)
+        for i, s in enumerate(tail):
+            if not established:
+                if s.result is not None:
+                    known[(m - 1 - i) % length] += 1
+                    established = min(known) >= self.repeats
+                if not s.ours:
+                    continue
+            if s.turn < before and (s.ours or not s.ran):
+                out.append(s)
+        return out
+
     # -- hooks ---------------------------------------------------------------------------------
     def pre_turn(self, ctx: RunContext) -> None:
         st = self._sync(ctx)
         history: list[_Step] = st["history"]
-        stuck = self._match(history, self.repeats + self.max_blocks)
-        if stuck is not None and not any(s.ours for s in stuck[1]):
-            # only a loop this middleware never got to block: another middleware answered first
-            length, tail = stuck
-            last = tail[-length:]
-            times = len(tail) // length
-            st["events"].append({"action": "stop", "turn": ctx.turn + 1, "pattern": _labels(last)})
-            raise StopRun(
-                StopReason.FAILED_TERMINAL,
-                f"loop detected: {' -> '.join(_labels(last))} was proposed {times} times in a row "
-                f"with the same result each time ({_shown(tail, length)}), so the run was stopped "
-                "before spending its budget",
-                error={"kind": "loop_detected", "pattern": _labels(last), "blocked": 0,
-                       "executed_in_loop": sum(s.ran for s in tail)})
-        found = self._match(history, self.repeats - 1)
+        found = self._match(history, self.repeats)
         if found is None:
             st["warned"].clear()  # the loop is broken: a new one gets its own warning
             return
         length, tail = found
-        last = tail[-length:]
+        last = tail[:length]  # the pattern as it first came
+        if not any(s.ours for s in tail):
+            # a loop this middleware never got to block: another middleware or a person answered
+            # its proposals after it was known; as many turns of that as of our own denials end it
+            stops = self._interceptions(tail, length, st["turn"] + 1)
+            if len({s.turn for s in stops}) >= max(self.max_blocks, 1):
+                st["events"].append({"action": "stop", "turn": ctx.turn + 1, "pattern": _labels(last)})
+                raise StopRun(
+                    StopReason.FAILED_TERMINAL,
+                    f"loop detected: {' -> '.join(_labels(last))} was proposed {len(tail) // length} times in a "
+                    f"row with the same result each time ({_shown(tail, length)}), so the run was stopped before "
+                    "spending its budget",
+                    error={"kind": "loop_detected", "pattern": _labels(last), "blocked": 0,
+                           "executed_in_loop": sum(s.ran for s in tail)})
         key = _loop_key(last)
         if key in st["warned"] or any(s.ours for s in tail):  # warned, or already past warnings
             return
@@ -317,26 +378,27 @@ class LoopDetection(Middleware):
 
     def on_tool_call(self, call: ToolUseBlock, ctx: RunContext) -> Deny | None:
         st = self._sync(ctx)
-        last: tuple[ToolUseBlock, ...] = st["last"]
-        index = next((i for i, c in enumerate(last) if c.id == call.id), None)
+        history: list[_Step] = st["history"]
+        last: tuple[tuple[ToolUseBlock, str], ...] = st["last"]
+        index = next((i for i, (c, _) in enumerate(last) if c.id == call.id), None)
+        # the model's own proposal (as the transcript records it), or the call as given, alone
+        proposed, identity = last[index] if index is not None else (call, call_identity(call))
+        # a loop is judged on results: the call must already be in the history with a result
+        # at least `repeats` times, or it continues no loop (the cheap test, first)
+        if sum(1 for s in history if s.result is not None and s.call == identity) < self.repeats:
+            return None
         turn = st["turn"]
-        if index is None:  # not in the transcript's latest response: judge it as given, alone
-            earlier: list[_Step] = []
-            proposed = call
-        else:  # earlier calls of this response have no result yet; the model's own proposal
-            earlier = [self._step(c, turn, None, st["denied"]) for c in last[:index]]
-            proposed = last[index]
-        me = self._step(proposed, turn, None, st["denied"])
-        steps = [*st["history"], *earlier, me][-self.window:]
+        # earlier calls of this response have no result yet: they match any result, count as none
+        earlier = [self._step(c, ident, turn, None, st["denied"]) for c, ident in last[:index or 0]]
+        steps = [*history, *earlier, self._step(proposed, identity, turn, None, st["denied"])]
         found = self._match(steps, self.repeats)
         if found is None:
             return None
         length, tail = found
-        pattern = tail[-length:]
-        # interceptions the model has seen: this middleware's denials, and a proposal past the
-        # threshold that another middleware or a person answered instead of running it
-        first = self.repeats * length - 1
-        stops = [s for i, s in enumerate(tail) if s.turn < turn and (s.ours or (i >= first and not s.ran))]
+        pattern = tail[:length]  # as it first came
+        # interceptions the model has seen: this middleware's denials, and a proposal of the known
+        # loop that another middleware or a person answered instead of running it
+        stops = self._interceptions(tail, length, turn)
         seen = len({s.turn for s in stops})
         blocked = sum(s.ours for s in tail)
         ran = sum(s.ran for s in tail)

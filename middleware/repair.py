@@ -4,7 +4,8 @@ Seed 000 §5.2.4. Each pass is a pure function ``list[Message] -> list[Message]`
 list and never changes its input (messages are frozen). :func:`repair_messages` runs, in order:
 
 0. :func:`collapse_repeated_calls` — a call given twice (same id, name and arguments) is kept once,
-   unless the second is a new call reusing the id (the first was answered and it has its own result).
+   unless the second is a new call reusing the id (the first was answered and it has its own result)
+   (:func:`fsm_agent.types.collapse_repeated_calls`, the rule every protocol module applies too).
    :func:`drop_empty_content` — blank text blocks and the turns they leave empty (case B04).
 1. :func:`trim_to_context_window` — the newest whole groups that fit a token budget (B01, B20).
 2. :func:`normalize_system_messages` — one system message, first.
@@ -17,7 +18,11 @@ list and never changes its input (messages are frozen). :func:`repair_messages` 
 Matching (passes 1, 3-7): a :class:`ToolResultMessage` belongs to the nearest earlier assistant
 turn with a call of its id, and the k-th result with id X answers that turn's k-th call with id X;
 so ids reused every turn (``call_0``) or inside one turn (``""``) stay paired (``ToolResultBlock``
-in user messages is not examined). :class:`MessageRepair` runs it all in ``pre_turn``.
+in user messages is not examined). Matching and the placement of results (passes 3 and 5) are the
+core's (:func:`fsm_agent.types.result_owners`, :func:`fsm_agent.types.normalize_pairing`): what the
+protocol modules already do losslessly before every request; this plugin adds what loses or invents
+content (trimming, dropping orphans, synthesized results that say why). :class:`MessageRepair` runs
+it all in ``pre_turn``.
 """
 
 from __future__ import annotations
@@ -25,7 +30,6 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Callable, Sequence
-from typing import Any
 
 from attrs import evolve, frozen
 
@@ -40,8 +44,11 @@ from fsm_agent.types import (
     ToolUseBlock,
     UserImageMessage,
     UserMessage,
+    collapse_repeated_calls,
     count_message_tokens,
     estimate_request_tokens,
+    normalize_pairing,
+    result_owners,
 )
 
 __all__ = [
@@ -87,24 +94,9 @@ _USER = (UserMessage, UserImageMessage)
 
 
 def _owners(messages: Sequence[Message]) -> list[tuple[int, int] | None]:
-    """Per index, ``(assistant index, call position)`` a tool result answers; ``None`` for other
-    messages, orphans (no earlier call with the id) and duplicates (more results than calls)."""
-    latest: dict[str, int] = {}
-    calls: dict[int, tuple[ToolUseBlock, ...]] = {}
-    used: dict[tuple[int, str], int] = {}
-    out: list[tuple[int, int] | None] = [None] * len(messages)
-    for j, m in enumerate(messages):
-        if isinstance(m, AssistantMessage):
-            calls[j] = m.tool_calls
-            latest.update((c.id, j) for c in calls[j])
-        elif isinstance(m, ToolResultMessage) and m.tool_call_id in latest:
-            i, key = latest[m.tool_call_id], m.tool_call_id
-            slots = [p for p, c in enumerate(calls[i]) if c.id == key]
-            k = used.get((i, key), 0)
-            if k < len(slots):
-                used[(i, key)] = k + 1
-                out[j] = (i, slots[k])
-    return out
+    """Per index, ``(assistant index, call position)`` a tool result answers (the core's matching,
+    :func:`fsm_agent.types.result_owners`)."""
+    return result_owners(messages)
 
 
 def _start_with_user(messages: Sequence[Message]) -> list[Message]:
@@ -113,44 +105,6 @@ def _start_with_user(messages: Sequence[Message]) -> list[Message]:
     if first is None:
         return list(messages)
     return [m for i, m in enumerate(messages) if i >= first or isinstance(m, SystemMessage)]
-
-
-def collapse_repeated_calls(messages: Sequence[Message]) -> list[Message]:
-    """Pass 0 (issue 9): one tool call given twice — the same id, name and arguments, in one turn or
-    in a later one (a client that echoes ``tool_calls`` and a block, a history glued from two
-    sources) — is kept once, so the provider sees that call once with its one result (pass 4 drops
-    the extra results). A later call with the same id is a *new* call, and kept, when the earlier one
-    was answered before it and it has a result of its own (servers that number ``call_0`` each turn)."""
-    first: dict[str, tuple[int, ToolUseBlock]] = {}
-    results: dict[str, list[int]] = {}
-    for j, m in enumerate(messages):
-        if isinstance(m, ToolResultMessage):
-            results.setdefault(m.tool_call_id, []).append(j)
-    out: list[Message] = []
-    for i, m in enumerate(messages):
-        if not (isinstance(m, AssistantMessage) and m.tool_calls):
-            out.append(m)
-            continue
-        kept: list[Any] = []
-        here: set[str] = set()
-        changed = False
-        for b in m.content:
-            if isinstance(b, ToolUseBlock) and b.id:
-                prev = first.get(b.id)
-                if prev is not None and prev[1].name == b.name and prev[1].input == b.input:
-                    before = prev[0]
-                    answered_before = any(before < j < i for j in results.get(b.id, ()))
-                    nxt = next((k for k, later in enumerate(messages) if k > i and isinstance(later, AssistantMessage)
-                                and any(c.id == b.id for c in later.tool_calls)), len(messages))
-                    own_result = any(i < j < nxt for j in results.get(b.id, ()))
-                    if b.id in here or not answered_before or not own_result:
-                        changed = True
-                        continue  # the same call again
-                first[b.id] = (i, b)
-                here.add(b.id)
-            kept.append(b)
-        out.append(evolve(m, content=tuple(kept)) if changed else m)
-    return out
 
 
 def drop_empty_content(messages: Sequence[Message]) -> list[Message]:
@@ -226,27 +180,16 @@ def normalize_system_messages(messages: Sequence[Message]) -> list[Message]:
 
 
 def _regroup(messages: Sequence[Message], synthesize: bool) -> list[Message]:
-    """Each matched result right after its call, in call order; gaps filled when ``synthesize``."""
-    owners = _owners(messages)
-    answer = {o: messages[j] for j, o in enumerate(owners) if o is not None}
-    out: list[Message] = []
-    for i, m in enumerate(messages):
-        if owners[i] is not None:
-            continue  # placed after its call
-        out.append(m)
-        if not (isinstance(m, AssistantMessage) and m.tool_calls):
-            continue
-        real = [answer.get((i, p)) for p in range(len(m.tool_calls))]
-        if not synthesize:
-            out.extend(r for r in real if r is not None)
-            continue
-        nxt = next((x for x in messages[i + 1:]
-                    if not isinstance(x, (ToolResultMessage, SystemMessage))), None)
-        kind, text = _SYNTHETIC[any(real) or nxt is None or isinstance(nxt, _USER)]
-        out.extend(r or ToolResultMessage(c.id, text.format(c.name, c.id), is_error=True,
-                                          name=c.name, metadata={"synthetic": kind})
-                   for r, c in zip(real, m.tool_calls, strict=True))
-    return out
+    """Each matched result right after its step, in call order; gaps filled when ``synthesize``
+    (:func:`fsm_agent.types.normalize_pairing`, without collapsing repeated calls)."""
+    out, _ = normalize_pairing(messages, fill=_synthetic if synthesize else None, collapse=False)
+    return list(out)
+
+
+def _synthetic(call: ToolUseBlock, answered: bool, after: Message | None) -> ToolResultMessage:
+    kind, text = _SYNTHETIC[answered or after is None or isinstance(after, _USER)]
+    return ToolResultMessage(call.id, text.format(call.name, call.id), is_error=True, name=call.name,
+                             metadata={"synthetic": kind})
 
 
 _SYNTHETIC = {  # interrupted? -> (metadata kind, text)

@@ -45,7 +45,11 @@ The rules live in the provider layer, not here, so both layers agree:
 
 Result: the response of the first call that succeeds. Otherwise the last error
 is raised unchanged, and the driver ends the run FAILED_RETRYABLE or
-FAILED_TERMINAL from its ``retryable`` flag. ``ctx.state(self)`` records every
+FAILED_TERMINAL from its ``retryable`` flag. A failed attempt is not an answer, even
+when it had streamed text (observers saw those deltas): every attempt sends the same
+request, nothing of a failed one enters the conversation (an Interrupt during the
+wait keeps none of it), and the run's stop carries the last failed attempt's text as
+``stop.partial``. ``ctx.state(self)`` records every
 logical call: ``calls`` (list of ``{"turn", "attempts": [{"provider", "index",
 "kind", "status", "waited"}], "answered_by"}``) and ``answered_by`` (the latest
 ``{"provider", "model", "index"}``; index 0 is the primary). The response's own

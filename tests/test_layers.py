@@ -53,8 +53,9 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
 )
 """Bottom first. ``pkg.*`` is the package ``pkg`` and every module in it; other entries are one
 module (a package's name alone is its ``__init__``). The machine package is split: its data
-(run state, config, the table, the plugin's view) sits below the middleware contract, which
-names :class:`~fsm_agent.machine.context.RunContext`; its loop sits above the chain it runs."""
+(run state, the table) sits below the middleware contract, beside the plugin's view
+(:class:`fsm_agent.context.RunContext`, a protocol); its services, its phases and its loop sit
+above the chain they run, each layer using only those below (no phase imports the driver)."""
 
 LOCAL_IMPORTS_BREAKING_CYCLES: dict[tuple[str, str], str] = {}
 """(importer, imported) -> why a function-local import is used to break an import-time circle.

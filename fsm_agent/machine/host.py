@@ -62,7 +62,10 @@ class InFlight:
     request: MessageRequest | None = None
     """The Model phase's request in flight (``None`` once its answer is recorded)."""
     trace: ModelTrace = field(factory=ModelTrace)
-    """What the Model phase's call in flight has streamed."""
+    """What the Model phase's call in flight has streamed (its current attempt: a failed attempt's
+    text is dropped, so that an Interrupt or the wall clock never keeps a failed answer's text)."""
+    failed_partial: str = ""
+    """The text a failed attempt of the Model phase's call had streamed (the stop's ``partial``)."""
     started_ids: set[str] = field(factory=set)
     """MidTurn: calls whose ``started`` state was recorded (in flight until their result arrives)."""
     settled: dict[str, ToolResultMessage] = field(factory=dict)

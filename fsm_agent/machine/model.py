@@ -6,7 +6,8 @@ when configured: every event passes the chain's ``on_model_event`` filters and t
 It is bounded by the remaining wall clock (a deadline on the port's timers). Then usage and cost,
 and the route on the response: tool calls → ``tool_use``; end of turn, stop sequence, max tokens,
 pause → ``model_done``; content filtered or refused → FAILED_TERMINAL; a provider error →
-FAILED_RETRYABLE / FAILED_TERMINAL; a context-window error → ``retry_context`` once (case B20); an
+FAILED_RETRYABLE / FAILED_TERMINAL (a failed answer is not history: what streamed is only the stop's
+``partial``); a context-window error → ``retry_context`` once (case B20); an
 answer cut by the output limit inside a tool call → ``retry_output`` once with a larger limit; the
 wall clock running out → PAUSED_BUDGET with the streamed part kept.
 """
@@ -30,7 +31,7 @@ from ..types.stream import StreamEvent
 from .controls import Controls
 from .host import ControlCut, Host
 from .outcome import Move, Outcome, Stop
-from .phases import Trigger
+from .phases import Phase, Trigger
 from .port import ModelTrace
 from .timing import PortDeadline
 
@@ -61,8 +62,15 @@ class ModelPhase:
         stream = h.run_state.config.stream
         on_event = self._on_event if stream and (h.chain.filters_model_events or h.bus.wants(ModelStreamEvent)) \
             else None
-        return await h.port.call_model(provider, request, stream=stream, on_event=on_event, on_retry=self._on_retry,
-                                       trace=trace, deadline_s=deadline_s)
+        try:
+            return await h.port.call_model(provider, request, stream=stream, on_event=on_event,
+                                           on_retry=self._on_retry, trace=trace, deadline_s=deadline_s)
+        except Exception:
+            fl = h.inflight
+            if trace is fl.trace:  # a failed call takes its streamed text with it: it is not an answer
+                fl.failed_partial = trace.streamed
+                trace.text.clear()
+            raise
 
     async def _on_event(self, event: StreamEvent) -> None:
         h = self.h
@@ -77,8 +85,10 @@ class ModelPhase:
 
     async def _on_retry(self, exc: ProviderError, attempt: int, delay_s: float) -> None:
         """The provider is about to retry an HTTP attempt: a ``model_retry`` event for the session log
-        and the observers, delivered before the wait."""
+        and the observers, delivered before the wait. The failed attempt's streamed text is dropped (a
+        stream retried after content restarts the answer)."""
         h = self.h
+        h.inflight.trace.text.clear()
         h.view.emit(ModelRetry(h.session_id, h.run_state.turn, attempt, exc.status, exc.kind, exc.message[:2000], delay_s,
                                server_hint=exc.retry_after is not None, provider=exc.provider))
         await h.flush_outbox()
@@ -94,7 +104,9 @@ class ModelPhase:
         (with ``account``), and a ``model_call_interrupted`` event with ``side_call: true`` is logged."""
         h = self.h
         provider = provider or h.view.provider
-        trace = ModelTrace()
+        # in the Model phase a side call (a fallback provider's) streams the answer in flight: its text
+        # is what an Interrupt keeps, and a failure of it drops it
+        trace = h.inflight.trace if h.machine.state is Phase.MODEL else ModelTrace()
         try:
             response = await h.interruptible(self.call(request, provider, trace), side_call=True)
         except ControlCut:
@@ -143,6 +155,7 @@ class ModelPhase:
         request = fl.request = self.build_request()
         h.turns.start(request)
         fl.trace = ModelTrace()
+        fl.failed_partial = ""
         run.max_output_override = None
         deadline = PortDeadline(h.port, ctx.remaining_wall_clock)
 
@@ -209,11 +222,16 @@ class ModelPhase:
         h = self.h
         run, cfg = h.run_state, h.run_state.config
         provider = h.view.provider
-        used = request.max_tokens or provider.capabilities.max_output_tokens or 4096
+        cap = provider.capabilities.max_output_tokens
+        # the limit the answer met: the request's; without one, what the profile sends in its place,
+        # else the server's default, which the cut answer's reported output shows (else the model's
+        # maximum, else a guess)
+        sent = getattr(getattr(provider, "profile", None), "default_max_tokens", None)
+        reported = response.usage.output_tokens if response.usage is not None and not response.usage.estimated else 0
+        used = request.max_tokens or sent or reported or cap or 4096
         larger = used * 2
         if cfg.max_tokens is not None:
             larger = min(larger, cfg.max_tokens - run.usage.total_tokens)
-        cap = provider.capabilities.max_output_tokens
         if cap is not None:
             larger = min(larger, cap)
         names = ", ".join(c.name for c in response.tool_calls)
@@ -227,21 +245,43 @@ class ModelPhase:
             h.turns.end(verification=f"tool call(s) {names} cut off at {used} output tokens; discarded")
             return Move(Trigger.RETRY_OUTPUT, f"the output limit ({used} tokens) cut off tool call(s) {names}; "
                         f"retrying once with {larger}")
-        why = ("even after one retry with a larger limit" if run.output_retry
-               else "and the limit cannot grow within the budget")
+        if run.output_retry:
+            why, step = ("even after one retry with a larger limit",
+                         "raise max_output_tokens (or the token budget) and resume")
+        elif cap is not None and used >= cap:
+            why, step = (f"and that is the model's own maximum ({cap})",
+                         "the call does not fit one answer of this model: resume with a Steer asking for smaller "
+                         "steps, or use a model with a larger output limit")
+        else:
+            why, step = ("and the limit cannot grow within the budget",
+                         "raise the token budget (max_tokens) or max_output_tokens and resume")
         run.output_retry = False
         return Stop(StopReason.FAILED_RETRYABLE,
-                    f"the output-token limit ({used}) cut off tool call(s) {names} {why}; none of them ran — raise "
-                    "max_output_tokens (or the token budget) and resume",
+                    f"the output-token limit ({used}) cut off tool call(s) {names} {why}; none of them ran — {step}",
                     {"error": {"kind": "output_truncated", "code": "tool_call_truncated", "max_tokens": used,
                                "message": f"tool call(s) {names} cut off by the output-token limit"}})
 
     def _provider_failed(self, exc: ProviderError) -> Stop:
+        """The stop of a model call the provider failed (after every retry). A failure is not an
+        answer, on any protocol and whatever cut it (an ``error`` event after some text, an
+        ``{"error": ...}`` chunk, a dropped connection): nothing that streamed enters the
+        conversation and nothing of the call is counted as an answer's usage, so a resume (or an
+        in-run retry) asks again from the same history. The streamed text rides the stop as
+        ``partial``, for the user; a ``model_call_failed`` event records the call."""
+        h = self.h
+        fl = h.inflight
         reason = StopReason.FAILED_RETRYABLE if exc.retryable else StopReason.FAILED_TERMINAL
-        # a stream cut mid-answer (a dropped connection): what streamed is kept, marked interrupted,
-        # so that a resume continues from it
-        kept = self.controls.keep_cut_answer() if exc.retryable and self.h.inflight.trace.text else ""
-        return Stop(reason, f"model call failed: {exc}{kept}", {"error": exc.to_info()})
+        partial = fl.failed_partial or fl.trace.streamed
+        fl.trace.text.clear()
+        fl.failed_partial = ""
+        fl.request = None
+        h.record("model_call_failed", {"kind": exc.kind, "status": exc.status, "streamed_chars": len(partial)})
+        note = (f"; the {len(partial)} characters that had streamed are not part of the conversation (stop.partial "
+                "has them): a resume asks again" if partial else "")
+        payload: dict[str, Any] = {"error": exc.to_info()}
+        if partial:
+            payload["partial"] = partial
+        return Stop(reason, f"model call failed: {exc}{note}", payload)
 
     def _unique_call_ids(self, response: MessageResponse) -> MessageResponse:
         """Give every tool call of ``response`` an id unused so far in the session.

@@ -7,6 +7,7 @@ wall clock → tokens → cost. A budget stop is PAUSED_BUDGET, resumable with a
 
 from __future__ import annotations
 
+from ..types.content import TextBlock, ThinkingBlock
 from ..types.messages import AssistantMessage, ModelStopReason, UserMessage
 from ..types.run import StopReason
 from .controls import Controls
@@ -67,11 +68,14 @@ class PreTurn:
         """A history that ends with a plain assistant answer (one cut by an interrupt or the wall
         clock, or a turn continued without a message) would be sent as a prefill, which OpenAI-style
         APIs refuse with HTTP 400: ask the model to go on in a user message instead. A paused turn
-        (``pause_turn``) is continued as it is."""
+        (``pause_turn``) is continued as it is. A turn that holds only reasoning (thinking, encrypted
+        reasoning, a summary; no text, no calls) is no answer to continue: nothing is added, and each
+        protocol sends such a turn as its rules allow (Chat and Anthropic leave it out, Responses
+        drops a reasoning item with no output after it), so the model is asked again."""
         h = self.h
         transcript = h.view._transcript
         last = transcript[-1] if transcript else None
-        if not isinstance(last, AssistantMessage) or last.tool_calls:
+        if not isinstance(last, AssistantMessage) or last.tool_calls or not _has_answer(last):
             return
         resp = h.run_state.last_response
         cut = bool((last.provider_data or {}).get("interrupted"))
@@ -79,3 +83,10 @@ class PreTurn:
             return
         h.append(UserMessage("Your previous answer was cut off before it finished; continue from where it "
                              "stopped." if cut else "Continue."))
+
+
+def _has_answer(message: AssistantMessage) -> bool:
+    """Whether an assistant message holds anything but reasoning (non-blank text, a call, a server
+    tool block ...): reasoning alone is not an answer."""
+    return any(not isinstance(b, (TextBlock, ThinkingBlock)) or (isinstance(b, TextBlock) and b.text.strip())
+               for b in message.content)

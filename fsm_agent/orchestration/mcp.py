@@ -34,8 +34,13 @@ connection mid-flight is sent once more only if it is ``pure`` or ``idempotent``
 * annotations → :class:`~fsm_agent.tools.ToolEffect`: ``readOnlyHint`` → ``pure``;
   ``idempotentHint`` → ``idempotent``; anything else, or no annotations → ``side_effect``
   (``effects=`` overrides per tool; ``trust_annotations=False`` ignores the server's hints).
-* result ``isError`` → an error tool result carrying the server's content
+* result ``isError`` → an error tool result carrying the server's content, its text in place of
+  any ``structuredContent`` whatever ``prefer_structured`` says
   (:class:`~fsm_agent.errors.ToolError`, ``metadata["error"] == "mcp_tool_error"``).
+* an answer that is no ``tools/call`` result (``"result": null``, a list, no ``content`` ...) → an
+  error tool result "the server answered with an invalid result: ..." (``mcp_invalid_result``), at
+  once: the transport's messages are read on their way to the SDK, which would drop such an
+  answer and leave the call waiting for its timeout.
 * content: text → :class:`~fsm_agent.types.TextBlock`; image → :class:`~fsm_agent.types.ImageBlock`
   (PNG, JPEG, GIF or WebP, base64, at most 5 MB; else a text note);
   ``structuredContent`` → its JSON as text when there is no content (or always, in place of the
@@ -201,7 +206,7 @@ def _known_closed(client: Client) -> bool:
 class _Connection:
     """One live MCP session, owned by its own task (anyio scopes must be entered and exited in one task)."""
 
-    __slots__ = ("client", "duplicates", "lost", "stop", "task", "tools")
+    __slots__ = ("client", "duplicates", "lost", "stop", "stray", "strays", "task", "tools")
 
     def __init__(self) -> None:
         self.client: Client | None = None
@@ -212,6 +217,167 @@ class _Connection:
         self.task: asyncio.Task[None] | None = None
         self.lost: str | None = None
         """Why the connection is no longer usable, or ``None`` while it is."""
+        self.strays = 0
+        """Messages from the server that are not JSON-RPC and name no request (so no call can be told)."""
+        self.stray = ""
+        """The start of the latest of them."""
+
+
+_INVALID_MARK = "fsm-agent/invalid-answer"
+"""``ErrorData.data`` key of the error :class:`_CheckedReads` puts in place of an answer the SDK could
+not parse; its value says what was wrong."""
+
+
+def _cut_text(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _brief(value: Any, limit: int = 200) -> str:
+    """``value`` as compact JSON, cut to ``limit`` characters."""
+    try:
+        text = orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS, default=repr).decode()
+    except orjson.JSONEncodeError:
+        text = repr(value)
+    return _cut_text(text, limit)
+
+
+def _what_is_wrong(message: Mapping[str, Any]) -> str:
+    """What makes ``message`` (a response the SDK could not parse) no JSON-RPC response."""
+    if "error" in message:
+        return f"its 'error' is {_brief(message['error'])}, not an object with a code and a message"
+    if "result" not in message:
+        return "it has neither a 'result' nor an 'error'"
+    result = message["result"]
+    if not isinstance(result, dict):
+        return f"its 'result' is {_brief(result)}, not an object"
+    return f"it is not a JSON-RPC 2.0 response ({_brief(message)})"
+
+
+_PYDANTIC_ERROR = re.compile(r"^(?:(?P<loc>\S.*)\n)?  (?P<msg>.+?) \[type=(?P<type>\w+)"
+                             r"(?:, input_value=(?P<input>.*), input_type=\w+)?\]$", re.MULTILINE)
+
+
+def _from_repr(text: str | None) -> str:
+    """The Python literal ``text`` (pydantic's ``input_value``) as compact JSON, else as it is."""
+    import ast
+
+    try:
+        return _brief(ast.literal_eval(text or ""))
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        return _cut_text(text or "", 200)
+
+
+def _unparsed_answer(text: str) -> str:
+    """What was wrong with an answer the SDK's HTTP client could not parse as JSON-RPC, from the
+    text of its error (``Failed to parse JSON response: <pydantic ValidationError>``)."""
+    detail = text.partition(": ")[2] or text
+    found = {m["loc"] or "": m for m in _PYDANTIC_ERROR.finditer(detail)}
+    bad = next((m for m in found.values() if m["type"] == "json_invalid"), None)
+    if bad is not None:
+        import ast
+
+        try:
+            raw = ast.literal_eval(bad["input"] or "")
+            text = raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)
+        except (ValueError, SyntaxError, MemoryError, RecursionError):
+            text = bad["input"] or ""
+        return f"it is not JSON ({bad['msg']}): {_cut_text(text, 120)!r}"
+    result, error = found.get("JSONRPCResponse.result"), found.get("JSONRPCError.error")
+    if result is not None and error is not None:
+        if result["type"] != "missing":
+            return f"its 'result' is {_from_repr(result['input'])}, not an object"
+        if error["type"] != "missing":
+            return f"its 'error' is {_from_repr(error['input'])}, not an object with a code and a message"
+        return "it has neither a 'result' nor an 'error'"
+    return _cut_text(detail.split("\n")[0], 200)
+
+
+def _validation_summary(exc: Any) -> str:
+    """A pydantic ``ValidationError`` in one line: up to three ``field: problem`` parts (for a
+    ``tools/call`` result, the ``CallToolResult`` reading's)."""
+    errors = exc.errors(include_url=False)
+    chosen = [e for e in errors if e["loc"][:1] == ("CallToolResult",)] or errors
+    parts: list[str] = []
+    for e in chosen:
+        loc = ".".join(str(x) for x in e["loc"] if x != "CallToolResult")
+        part = f"{loc or 'the result'}: {e['msg']} (got {_brief(e.get('input'), 80)})"
+        if part not in parts:
+            parts.append(part)
+    more = f" and {len(parts) - 3} more problem(s)" if len(parts) > 3 else ""
+    return "; ".join(parts[:3]) + more
+
+
+class _CheckedReads:
+    """The read stream of an MCP transport, with one change: a message the SDK could not parse
+    that answers a request (it has an ``id`` and no ``method``: ``"result": null``, a list, no
+    result at all ...) becomes a JSON-RPC error for that request, marked :data:`_INVALID_MARK`.
+    The SDK itself drops such a message, and the call waits until it times out. A message that
+    names no request is counted on the connection (``strays``) and passed on as the SDK does."""
+
+    def __init__(self, inner: Any, conn: _Connection) -> None:
+        self._inner = inner
+        self._conn = conn
+
+    def __getattr__(self, name: str) -> Any:  # last_context and whatever else the SDK reads
+        return getattr(self._inner, name)
+
+    def _check(self, item: Any) -> Any:
+        if not isinstance(item, Exception) or not hasattr(item, "errors"):
+            return item
+        from mcp.shared.message import SessionMessage
+        from mcp.types import INTERNAL_ERROR, ErrorData, JSONRPCError
+
+        try:
+            inputs = [e.get("input") for e in item.errors(include_url=False)]
+        except Exception:  # noqa: BLE001 - not a pydantic error after all
+            return item
+        for value in inputs:
+            if isinstance(value, dict) and "method" not in value:
+                rid = value.get("id")
+                if isinstance(rid, (int, str)) and not isinstance(rid, bool):
+                    what = _what_is_wrong(value)
+                    return SessionMessage(JSONRPCError(jsonrpc="2.0", id=rid, error=ErrorData(
+                        code=INTERNAL_ERROR, message=f"invalid result: {what}", data={_INVALID_MARK: what})))
+        text = next((v for v in inputs if isinstance(v, (str, bytes))), None)
+        if isinstance(text, bytes):
+            text = text.decode(errors="replace")
+        self._conn.strays += 1
+        self._conn.stray = repr(_cut_text(text, 120)) if text is not None else _brief(inputs[:1], 120)
+        return item
+
+    async def receive(self) -> Any:
+        return self._check(await self._inner.receive())
+
+    def __aiter__(self) -> _CheckedReads:
+        return self
+
+    async def __anext__(self) -> Any:
+        return self._check(await self._inner.__anext__())
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+    async def __aenter__(self) -> _CheckedReads:
+        await self._inner.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc: Any) -> bool | None:
+        return cast("bool | None", await self._inner.__aexit__(*exc))
+
+
+class _CheckedTransport:
+    """An MCP ``Transport`` whose read stream is a :class:`_CheckedReads`."""
+
+    def __init__(self, inner: Any, conn: _Connection) -> None:
+        self._inner = inner
+        self._conn = conn
+
+    async def __aenter__(self) -> tuple[Any, Any]:
+        read, write = await self._inner.__aenter__()
+        return _CheckedReads(read, self._conn), write
+
+    async def __aexit__(self, *exc: Any) -> bool | None:
+        return cast("bool | None", await self._inner.__aexit__(*exc))
 
 
 class MCPTool(Tool):
@@ -292,7 +458,8 @@ class MCPToolset:
         prefer_structured: ``False`` (default): the model gets the content blocks as the server sent
             them, and the ``structuredContent`` JSON only when there is no content (what most MCP
             hosts show a model). ``True``: the JSON in place of the text blocks (which the
-            specification says should repeat it); images and resources are kept.
+            specification says should repeat it); images and resources are kept. An ``isError``
+            result always gives its error text (the JSON only when it has no text).
         reconnect: after the connection is lost, open a new one on the next call (default).
         headers: HTTP headers for a URL server (e.g. ``Authorization``).
         client_options: more keyword arguments for ``mcp.Client`` (``mode="legacy"`` for the
@@ -477,17 +644,26 @@ class MCPToolset:
 
     async def _own(self, conn: _Connection, ready: asyncio.Future[None]) -> None:
         """The connection's task: enter the client, list the tools, wait for ``stop``, exit."""
-        from mcp import Client
+        from mcp import Client, StdioServerParameters
+        from mcp.client.stdio import stdio_client
+        from mcp.client.streamable_http import streamable_http_client
+        from mcp.server import Server
+        from mcp.server.mcpserver import MCPServer
 
         try:
             async with contextlib.AsyncExitStack() as stack:
                 target = self._server
                 if self._url is not None and self.headers:
-                    from mcp.client.streamable_http import streamable_http_client
                     from mcp.shared._httpx_utils import create_mcp_http_client
 
                     http = await stack.enter_async_context(create_mcp_http_client(headers=self.headers))
                     target = streamable_http_client(self._url, http_client=http)
+                elif self._url is not None:
+                    target = streamable_http_client(self._url)
+                elif isinstance(target, StdioServerParameters):
+                    target = stdio_client(target)
+                if not isinstance(target, (MCPServer, Server)):  # in process: no JSON-RPC text to misread
+                    target = _CheckedTransport(target, conn)
                 client = await stack.enter_async_context(Client(target, **self.client_options))
                 conn.tools, conn.duplicates = await self._list(client)
                 info = client.server_info
@@ -699,6 +875,7 @@ class MCPToolset:
             ctx.report_progress(progress, total, message)
 
         deadline = asyncio.timeout(tool.call_timeout)
+        strays = conn.strays
         try:
             async with deadline:
                 return await client.call_tool(tool.remote_name, arguments, progress_callback=on_progress,
@@ -710,8 +887,11 @@ class MCPToolset:
                 raise _Lost(f"TimeoutError: {exc}") from exc  # the transport's own write timeout
             may = (" It may have taken effect before it was cancelled: check before calling it again."
                    if tool.effect is ToolEffect.SIDE_EFFECT else "")
+            junk = (f" Meanwhile the server sent {conn.strays - strays} message(s) that are not valid JSON-RPC and "
+                    f"name no request (the last: {conn.stray}); one may have been its answer."
+                    if conn.strays > strays else "")
             raise ToolError(f"Tool {tool.name!r} (MCP server {self.name!r}) did not answer within "
-                            f"{tool.call_timeout:g} s, so the request was cancelled on the server.{may} Try a "
+                            f"{tool.call_timeout:g} s, so the request was cancelled on the server.{may}{junk} Try a "
                             "smaller request, or continue without it.", kind="timeout") from exc
         except Exception as exc:  # noqa: BLE001 - mapped to a result the model reads
             if _is_connection_failure(exc):
@@ -721,8 +901,24 @@ class MCPToolset:
 
     def _failure(self, tool: MCPTool, exc: BaseException) -> ToolError:
         from mcp.shared.exceptions import MCPError
+        from mcp.types import PARSE_ERROR
+        from pydantic import ValidationError
 
         cause = _leaf(exc)
+        what: str | None = None
+        if isinstance(cause, ValidationError):  # a result object the SDK could not read as a CallToolResult
+            what = _validation_summary(cause)
+        elif isinstance(cause, MCPError) and isinstance(cause.data, dict) and _INVALID_MARK in cause.data:
+            what = str(cause.data[_INVALID_MARK])  # a response _CheckedReads caught
+        elif (isinstance(cause, MCPError) and cause.code == PARSE_ERROR
+              and cause.message.startswith(("Failed to parse JSON response", "Failed to parse SSE message"))):
+            what = _unparsed_answer(cause.message)  # the SDK's HTTP client, which names the request
+        if what is not None:
+            may = (" It may have taken effect: check before calling it again." if tool.effect is
+                   ToolEffect.SIDE_EFFECT else "")
+            return ToolError(f"Tool {tool.name!r} (MCP server {self.name!r}): the server answered with an invalid "
+                             f"result: {what}.{may} Continue without it, or try again later.",
+                             kind="mcp_invalid_result")
         if isinstance(cause, MCPError):
             return ToolError(f"MCP server {self.name!r} refused the call to tool {tool.name!r}: {cause.message} "
                              f"(JSON-RPC error {cause.code}).", kind="mcp_error")
@@ -801,6 +997,9 @@ def content_blocks(result: CallToolResult, *, prefer_structured: bool = False,
                    max_chars: int | None = None) -> tuple[ContentBlock, ...]:
     """An MCP ``CallToolResult`` as fsm_agent content blocks (see the module docstring's mapping).
 
+    ``prefer_structured``: the ``structuredContent`` JSON in place of the text blocks; ignored for
+    an ``isError`` result, whose text is the error (its JSON is used only when it has no text).
+
     An image (or an image resource) reaches the model as an image only when its type is one of
     :data:`IMAGE_TYPES`, its data is base64 and it is at most :data:`MAX_IMAGE_BYTES`; otherwise a
     text note stands in its place. ``max_chars``: the most text characters in all (the rest is cut,
@@ -809,7 +1008,10 @@ def content_blocks(result: CallToolResult, *, prefer_structured: bool = False,
                            TextContent, TextResourceContents)
 
     structured = result.structured_content
-    use_json = structured is not None and (prefer_structured or not result.content)
+    if result.is_error:  # the error's own words; the structured payload only when there are none
+        use_json = structured is not None and not any(isinstance(c, TextContent) for c in result.content)
+    else:
+        use_json = structured is not None and (prefer_structured or not result.content)
     out: list[ContentBlock] = []
     if use_json:
         out.append(TextBlock(orjson.dumps(structured, option=orjson.OPT_NON_STR_KEYS).decode()))

@@ -16,6 +16,9 @@ Request rules, each from a public bug report (../shared/cases):
 * a call given twice in one turn is sent once, a result given twice once, and a call the
   history never answered gets an error ``tool_result`` (:data:`MISSING_RESULT`) in the next
   user turn;
+* an assistant turn never ends in a ``thinking`` or ``redacted_thinking`` block (the API answers
+  400 "The final block in an assistant message cannot be `thinking`"): reasoning after the turn's
+  last text or call is not sent, so a turn of reasoning alone is left out;
 * an answer marked interrupted (``AssistantMessage.provider_data["interrupted"]``, kept by the
   driver from a cut stream) goes without its reasoning, and the marker is never sent; a request
   never ends in a plain assistant turn (a prefill to the API): a user turn asking to continue
@@ -51,6 +54,7 @@ from ..types.content import (AudioBlock, ContentBlock, ExtensionBlock, FileBlock
                              TextBlock, ThinkingBlock, ToolResultBlock, ToolUseBlock)
 from ..types.messages import (AssistantMessage, Message, ModelStopReason, SystemMessage,
                               ToolResultMessage, Usage, UserImageMessage, UserMessage)
+from ..types.pairing import MISSING_RESULT, normalize_pairing  # the tool_result of a call never answered
 from ..types.requests import MessageRequest, MessageResponse, ToolDefinition
 from ..types.stream import (ContentBlockEnd, ContentBlockStart, CostUpdate, MessageComplete,
                             MessageStart, PartialMessageResponse, RefusalDelta, StreamEvent,
@@ -61,7 +65,7 @@ from .costs import cost_update
 from .errors import error_from_payload
 from .sse import ServerSentEvent
 from .structured_output import response_format_of
-from .wire import (ARRAY, COUNT, INT, OBJECT, STR, STRAY, Shape, check, guard, list_of, obj, one_of,
+from .wire import (ARRAY, COUNT, INT, OBJECT, STR, STRAY, Shape, check, guard, list_of, obj, one_of, orphan_error,
                    stray_error, tagged)
 
 __all__ = ["DEFAULT_MAX_TOKENS", "DEFAULT_THINKING_BUDGET", "AnthropicProvider",
@@ -233,9 +237,16 @@ def messages_to_wire(messages: Iterable[Message]) -> tuple[str | list[Wire] | No
     text) in a user turn. Images are ``base64`` or ``url`` sources (a data URL is
     unpacked); files are ``document`` blocks (PDF base64, plain text, URL or file id).
 
+    The history is first put in the shape the API accepts (:func:`~fsm_agent.types.normalize_pairing`):
+    results right after the turn that called them, even past a later user or assistant turn.
+
     Raises:
         InvalidRequestError: the history holds audio, which the API does not accept.
+        InvalidHistoryError: a tool result answers no earlier call (the API refuses it).
     """
+    messages, orphans = normalize_pairing(tuple(messages))
+    if orphans:
+        raise orphan_error(messages, orphans, SOURCE)
     system: list[Wire] = []
     turns: list[tuple[str, list[Wire], bool]] = []  # role, blocks, holds an interrupted answer
     for m in messages:
@@ -253,6 +264,10 @@ def messages_to_wire(messages: Iterable[Message]) -> tuple[str | list[Wire] | No
             cut = bool((m.provider_data or {}).get("interrupted"))
             content = [b for b in m.content if not (cut and isinstance(b, ThinkingBlock))]
             role, blocks = "assistant", _blocks(content, "assistant")
+            # "The final block in an assistant message cannot be `thinking`": reasoning after a turn's
+            # last text or call is not sent, so a turn of reasoning alone is left out (its neighbours merge)
+            while blocks and blocks[-1]["type"] in _REASONING:
+                blocks.pop()
         elif isinstance(m, ToolResultMessage):
             role, blocks = "user", [_tool_result(m.tool_call_id, m.content, m.is_error)]
         else:
@@ -296,10 +311,7 @@ def messages_to_wire(messages: Iterable[Message]) -> tuple[str | list[Wire] | No
 
 
 _PREFILL = frozenset({"text", "thinking", "redacted_thinking"})
-MISSING_RESULT = ("No result was recorded for this call (the run stopped before it finished); its outcome "
-                  "is unknown.")
-"""The ``tool_result`` sent for a call the history never answered (the API rejects a ``tool_use``
-without a ``tool_result`` right after it)."""
+_REASONING = frozenset({"thinking", "redacted_thinking"})
 CONTINUE_CUT = "Your previous answer was cut off before it finished; continue from where it stopped."
 CONTINUE = "Continue."
 """The user turns that follow a history ending in an assistant answer (an interrupted one, or

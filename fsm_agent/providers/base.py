@@ -351,6 +351,10 @@ class ProviderConfig:
     """Retry a stream that already produced content (the consumer then sees the content again)."""
     record_to: str | None = None
     """Append every exchange, credentials scrubbed, to this JSON file (:mod:`fsm_agent.providers.record`)."""
+    profile: str | Profile | None = None
+    """The vendor profile, by name (``"mistral"``, one of :data:`~fsm_agent.providers.PROFILES`) or as a
+    :class:`Profile`: used as it is, overriding what :func:`~fsm_agent.providers.create_provider` would
+    detect from the base URL's host and the model name (see its order). ``None``: detected."""
 
 
 class StreamParser(Protocol):
@@ -441,6 +445,7 @@ class HttpProvider(Provider):
             raise ConfigurationError(f"provider {profile.name!r} needs an API key: set {env} "
                                      "(or ProviderConfig(api_key=...); CLI: --api-key)")
         self.tool_mode = self.config.tool_mode or profile.tool_mode
+        self._wire_profiles: dict[str, Profile] = {}
         from .http import HttpClient  # aiohttp is imported with the first HTTP provider, not with fsm_agent
 
         self._http = HttpClient(
@@ -454,6 +459,26 @@ class HttpProvider(Provider):
     @property
     def name(self) -> str:  # type: ignore[override]
         return self.profile.name
+
+    model_rules: Callable[[Profile, str | None], Profile] | None = None
+    """``(profile, model) -> profile`` adding a model's own wire rules to the profile
+    (:func:`~fsm_agent.providers.profiles.with_model_rules`, set by
+    :func:`~fsm_agent.providers.create_provider` unless ``ProviderConfig.profile`` chose the profile),
+    or ``None``: the profile as it is (a provider class built directly)."""
+
+    def wire_profile(self, model: str | None = None) -> Profile:
+        """The profile whose wire rules a request for ``model`` (default: this provider's model) follows:
+        :attr:`profile` with :attr:`model_rules` applied, or :attr:`profile` itself when there are none
+        or ``ProviderConfig.profile`` chose it."""
+        if self.model_rules is None or self.config.profile is not None:
+            return self.profile
+        key = model or self.model or ""
+        found = self._wire_profiles.get(key)
+        if found is None:
+            if len(self._wire_profiles) >= 64:  # models named per request: keep the map small
+                self._wire_profiles.clear()
+            found = self._wire_profiles[key] = self.model_rules(self.profile, key)
+        return found
 
     @property
     def capabilities(self) -> ProviderCapabilities:

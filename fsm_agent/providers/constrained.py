@@ -155,9 +155,12 @@ def constrain_request(request: MessageRequest) -> MessageRequest:
 def interpret_response(response: MessageResponse, request: MessageRequest) -> MessageResponse:
     """Map the JSON reply back to a tool-use or text block.
 
-    A reply that is not one of the two shapes (a server that ignored the
-    schema, output cut by ``max_tokens``) is kept as text, so the run still
-    ends with a clear answer or stop reason instead of a crash.
+    A reply cut by the output limit (``max_tokens``) while it wrote a tool call becomes a cut call,
+    as every native protocol reports one: a tool-use block whose arguments are incomplete
+    (``raw_input``), stop reason still ``max_tokens``, so the runtime never runs it and asks again
+    with a larger limit. Any other reply that is not one of the two shapes (a server that ignored
+    the schema, an answer cut by ``max_tokens``) is kept as text, so the run still ends with a
+    clear answer or stop reason instead of a crash.
     """
     text = response.text.strip()
     thinking = [b for b in response.message.content if isinstance(b, ThinkingBlock)]
@@ -165,6 +168,12 @@ def interpret_response(response: MessageResponse, request: MessageRequest) -> Me
         value = orjson.loads(text) if text else None
     except orjson.JSONDecodeError:
         value = None
+    if value is None and response.stop_reason is ModelStopReason.MAX_TOKENS and _CALL_START.match(text):
+        name = _CALL_NAME.search(text)
+        args = _CALL_ARGS.search(text)
+        cut = ToolUseBlock(f"call_{uuid.uuid4().hex[:12]}", name.group(1) if name else "", {},
+                           text[args.end():] if args else "", {"constrained": True})
+        return evolve(response, message=AssistantMessage((*thinking, cut)))
     known = {t.name for t in request.tools}
     if isinstance(value, dict) and isinstance(value.get("tool"), str) and value["tool"] in known:
         args = value.get("arguments")
@@ -190,6 +199,10 @@ def interpret_response(response: MessageResponse, request: MessageRequest) -> Me
 
 
 _ANSWER_START = re.compile(r'^\s*\{\s*"final_answer"\s*:\s*"')
+_CALL_START = re.compile(r'^\{\s*"(?:tool|arguments)"\s*:')
+"""A reply that began as a tool call (the schema admits a call or a final answer, nothing else)."""
+_CALL_NAME = re.compile(r'"tool"\s*:\s*"((?:[^"\\]|\\.)*)')
+_CALL_ARGS = re.compile(r'"arguments"\s*:\s*')
 
 
 class ConstrainedStream:

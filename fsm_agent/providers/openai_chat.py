@@ -17,7 +17,12 @@ Stream rules this parser keeps, each from a public bug report (../shared/cases):
 * ``delta.reasoning_content`` (DeepSeek, Qwen, llama.cpp) and ``delta.reasoning``
   (OpenRouter) become thinking, also on turns with tool calls (B06);
 * ``{"error": ...}`` inside a 200 stream is an error, never a success (B20, llama.cpp);
-* a fragment without ``index`` that carries the ``id`` of an earlier call continues that call;
+* a fragment without ``index`` that carries the ``id`` of an earlier call continues that call; one
+  with neither (``index: null`` and no ``id``: Qwen, local servers) continues the one call whose
+  arguments are still open (not yet a complete JSON value); a call whose arguments are complete is
+  never appended to, and argument text that no call can take unambiguously (several calls open, or
+  none) ends the calls concerned with ``provider_data["arguments_error"]``: they are answered with
+  an error result, never run with arguments that may be wrong (:meth:`OpenAIChatStreamParser._tool_fragment`);
 * the calls in the message decide the stop reason: ``tool_calls`` with no call is ``end_turn`` (C01),
   ``stop`` (Ollama) or a trailing second ``stop`` after ``tool_calls`` with calls is ``tool_use`` (C02).
 
@@ -35,7 +40,7 @@ import re
 from typing import Any
 
 import orjson
-from attrs import define, evolve, field
+from attrs import define, field
 
 from ..errors import ProviderConnectionError, ProviderProtocolError
 from ..types.content import (
@@ -57,6 +62,7 @@ from ..types.messages import (
     UserMessage,
 )
 from ..types.codec import unstructure
+from ..types.pairing import missing_result, normalize_pairing
 from ..types.requests import MessageRequest, MessageResponse
 from ..types.stream import (
     ContentBlockEnd,
@@ -77,7 +83,8 @@ from .costs import cost_update
 from .errors import error_from_payload
 from .sse import ServerSentEvent
 from .structured_output import response_format_of
-from .wire import ARRAY, COUNT, INT, OBJECT, STR, STRAY, Shape, check, guard, list_of, obj, one_of, stray_error
+from .wire import (ARRAY, COUNT, INT, OBJECT, STR, STRAY, Shape, check, guard, list_of, obj, one_of, orphan_error,
+                   stray_error)
 
 __all__ = ["OpenAIChatProvider", "OpenAIChatStreamParser", "map_finish_reason", "parse_usage"]
 
@@ -301,34 +308,6 @@ def tool_call_to_wire(call: ToolUseBlock, *, vendor: str | None = None,
     return out
 
 
-def _call_key(call: ToolUseBlock) -> tuple[str, str, str]:
-    args = call.raw_input if call.raw_input is not None else orjson.dumps(call.input, option=orjson.OPT_SORT_KEYS).decode()
-    return call.id, call.name, args
-
-
-def _answered_calls(messages: tuple[Message, ...]) -> set[tuple[int, int]]:
-    """(message index, call position) of every call a later tool result answers: a result belongs to
-    the nearest earlier assistant turn with a call of its id, the k-th result with id X to that
-    turn's k-th call with id X (ids reused every turn, or inside one, stay paired)."""
-    owners: dict[str, list[tuple[int, int]]] = {}
-    used: dict[str, int] = {}
-    out: set[tuple[int, int]] = set()
-    for i, m in enumerate(messages):
-        if isinstance(m, AssistantMessage):
-            turn: dict[str, list[tuple[int, int]]] = {}
-            for pos, c in enumerate(m.tool_calls):
-                turn.setdefault(c.id, []).append((i, pos))
-            for cid, occ in turn.items():
-                owners[cid] = occ
-                used[cid] = 0
-        elif isinstance(m, ToolResultMessage):
-            owned = owners.get(m.tool_call_id)
-            if owned is not None and used[m.tool_call_id] < len(owned):
-                out.add(owned[used[m.tool_call_id]])
-                used[m.tool_call_id] += 1
-    return out
-
-
 def _reasoning_fields(m: AssistantMessage, *, has_calls: bool, vendor: str | None,
                       reasoning_field: str | None, echo_reasoning: bool) -> dict[str, Any]:
     """The reasoning wire fields of one assistant turn.
@@ -366,19 +345,27 @@ def _reasoning_fields(m: AssistantMessage, *, has_calls: bool, vendor: str | Non
     return out
 
 
-def messages_to_wire(messages: tuple[Message, ...], *, system_role: str = "system",
+def messages_to_wire(messages: tuple[Message, ...] | list[Message], *, system_role: str = "system",
                      reasoning_field: str | None = None, echo_reasoning: bool = False,
                      vendor: str | None = None, tool_ids: str | None = None,
-                     foreign_call_signature: str | None = None) -> list[dict[str, Any]]:
+                     foreign_call_signature: str | None = None,
+                     provider: str = "openai") -> list[dict[str, Any]]:
     """Neutral messages as Chat Completions ``messages``.
 
+    * The history is first put in the shape the protocol accepts
+      (:func:`~fsm_agent.types.normalize_pairing`): a call given twice (twice in one turn, or repeated
+      in a later turn before or without a result of its own: same id, name and arguments) is sent
+      once, with one result, and a second result for an answered call is dropped (the same id reused
+      for a call with a result of its own is a new call); the ``tool`` messages come right after the
+      ``tool_calls`` message, in call order, and a system, user or assistant message that sat
+      between a call and its result comes after them; a call with no result is answered with an
+      error result saying none was recorded (:data:`~fsm_agent.types.MISSING_RESULT`), as the other
+      protocols do.
+    * Calls of one step split over several assistant messages go as one ``tool_calls`` message.
     * Assistant turns with tool calls and no text send ``content: null`` (B04); whitespace-only
       assistant turns without tool calls are dropped (B04).
     * Reasoning and vendor fields go back only to the endpoint ``vendor`` that produced them
       (:func:`_reasoning_fields`, :func:`tool_call_to_wire`).
-    * A call given twice (twice in one turn, or repeated in a later turn before or without a result
-      of its own: same id, name and arguments) is sent once, with one result; a second result for an
-      answered call is dropped. The same id reused for a call with a result of its own is a new call.
     * ``tool_ids="mistral"``: ids in Mistral's form, the same for each call and its result.
     * ``foreign_call_signature`` (Gemini): the first call of a turn that another vendor made (or one
       with no record) carries this documented placeholder signature, as Gemini requires a signature
@@ -386,17 +373,26 @@ def messages_to_wire(messages: tuple[Message, ...], *, system_role: str = "syste
     * A request never ends in an assistant turn without calls, which servers read as a prefill (or
       refuse): a user turn asking to continue follows it. Message ``provider_data`` (the driver's
       ``interrupted`` marker) is never sent.
+
+    Raises:
+        InvalidHistoryError: a tool result answers no earlier call (an orphan: the protocol refuses
+            it, and dropping it would lose what it says). The message names it and what to do.
     """
+    normal, orphans = normalize_pairing(messages, fill=missing_result)
+    if orphans:
+        raise orphan_error(normal, orphans, provider)
     ids = ToolIdMap(tool_ids)
-    for m in messages:
-        if isinstance(m, AssistantMessage):
+    for m in normal:
+        if type(m) is AssistantMessage:
             for c in m.tool_calls:
                 ids.reserve(c.id)
-    answered = _answered_calls(messages)
-    kept: dict[str, dict[str, Any]] = {}  # id -> keys of the calls sent with it, results still owed
     out: list[dict[str, Any]] = []
     last_cut = False
-    for i, m in enumerate(messages):
+    n = len(normal)
+    i = 0
+    while i < n:
+        m = normal[i]
+        i += 1
         if isinstance(m, SystemMessage):
             out.append({"role": system_role, "content": m.text})
         elif isinstance(m, UserMessage):
@@ -405,19 +401,12 @@ def messages_to_wire(messages: tuple[Message, ...], *, system_role: str = "syste
             out.append({"role": "user", "content": [
                 {"type": "image_url", "image_url": {"url": _data_url(m.data, m.mime_type), "detail": m.detail}}]})
         elif isinstance(m, AssistantMessage):
-            calls = []
-            sent: list[ToolUseBlock] = []
-            for pos, c in enumerate(m.tool_calls):
-                key = _call_key(c)
-                st = kept.get(c.id)
-                if st is not None and key in st["keys"] and (st["open"] or (i, pos) not in answered):
-                    continue  # the same call again: sent once
-                if st is None or not st["open"]:
-                    st = kept[c.id] = {"keys": [], "open": 0}
-                st["keys"].append(key)
-                st["open"] += 1
-                calls.append(tool_call_to_wire(c, vendor=vendor, ids=ids))
-                sent.append(c)
+            if m.tool_calls:  # the step's later messages (calls split over several): one message
+                while i < n and isinstance(nxt := normal[i], AssistantMessage) and nxt.tool_calls:
+                    m = AssistantMessage(m.content + nxt.content, m.provider_data)
+                    i += 1
+            sent = m.tool_calls
+            calls = [tool_call_to_wire(c, vendor=vendor, ids=ids) for c in sent]
             if (calls and foreign_call_signature and vendor_data(sent[0]).get("vendor") != vendor
                     and "extra_content" not in calls[0]):
                 calls[0]["extra_content"] = {"google": {"thought_signature": foreign_call_signature}}
@@ -432,11 +421,6 @@ def messages_to_wire(messages: tuple[Message, ...], *, system_role: str = "syste
             out.append(msg)
             last_cut = bool((m.provider_data or {}).get("interrupted"))
         elif isinstance(m, ToolResultMessage):
-            st = kept.get(m.tool_call_id)
-            if st is not None:
-                if not st["open"]:
-                    continue  # a second result for a call already answered
-                st["open"] -= 1
             out.append({"role": "tool", "tool_call_id": ids(m.tool_call_id), "content": m.text})
     if out and out[-1]["role"] == "assistant" and not out[-1].get("tool_calls"):
         out.append({"role": "user", "content": CONTINUE_AFTER_CUT if last_cut else CONTINUE})
@@ -588,6 +572,34 @@ class _Slot:
     """Vendor fields of the call so far (keys of its fragments outside the protocol's)."""
     start_fields: dict[str, Any] = field(factory=dict)
     """The vendor fields sent with its ContentBlockStart."""
+    name: str = ""
+    text: list[str] = field(factory=list)
+    """The argument text received so far, in pieces (the partial block's own list)."""
+    tail: str = ""
+    """The last non-blank character of the argument text (``""``: none yet)."""
+    whole: bool | None = False
+    """Whether the argument text is one complete JSON value (``None``: not checked since the last piece)."""
+    error: str | None = None
+    """Why the stream cannot be trusted with this call's arguments; the call is then never run."""
+
+    def added(self, text: str) -> None:
+        """Note a piece just appended to :attr:`text`."""
+        stripped = text.rstrip()
+        if stripped:
+            self.tail = stripped[-1]
+            self.whole = None if self.tail in "}]" else False
+
+    @property
+    def complete(self) -> bool:
+        """The argument text is a complete JSON value: nothing more may be appended to it. Checked
+        only when the text ends in ``}`` or ``]``, once per new piece."""
+        if self.whole is None:
+            try:
+                orjson.loads("".join(self.text))
+                self.whole = True
+            except orjson.JSONDecodeError:
+                self.whole = False
+        return self.whole
 
 
 @define(slots=True)
@@ -762,8 +774,18 @@ class OpenAIChatStreamParser:
         * With an ``index``: the call at that index; a new non-empty ``id`` there starts a new call
           (B08), ``"id": ""`` continues it.
         * Without one: a known ``id`` continues that call, wherever it is (a parallel call's later
-          fragment); a new ``id`` starts a call (Gemini sends each call whole, unindexed: C03); no
-          ``id`` continues the latest call (or the one at its position in the delta).
+          fragment); a new ``id`` starts a call (Gemini sends each call whole, unindexed: C03).
+        * With neither (``index: null``, no ``id``: Qwen, local servers): the fragment continues the
+          one call whose arguments are still open, that is not yet a complete JSON value (the latest
+          call, or an earlier one already holding part of its arguments). A fragment with a name
+          starts a new call unless that open call has the same name or none yet.
+
+        A call whose arguments are already a complete JSON value is never appended to: a fragment
+        with a name and no ``id`` then starts a new call (unless it only repeats the name), and
+        argument text is an error for that call. So is argument text the stream does not attribute:
+        no ``index``, no ``id`` and several calls open (each of them), or none open (the latest
+        call). Such a call ends with ``provider_data["arguments_error"]`` saying why, its arguments
+        unparsed (``raw_input``), so it is answered with an error result and never run.
         """
         raw_index = tc.get("index")
         explicit = isinstance(raw_index, int) and not isinstance(raw_index, bool)
@@ -776,23 +798,51 @@ class OpenAIChatStreamParser:
             fn = {}
         name = fn.get("name") or ""
         args = fn.get("arguments")
+        if isinstance(args, dict):
+            args = orjson.dumps(args).decode() if args else ""
+        text = args if isinstance(args, str) else ""
+        blank = not text.strip()
         fields = _tool_vendor_fields(tc)
         slot: _Slot | None = None
         if explicit:
             slot = c.slots.get(widx)
-            if slot is not None and tid and slot.id and tid != slot.id:
-                # B08: a new id at an index in use starts a new call.
-                self._end_tool(c, p, slot, sink)
-                slot = None
+            if slot is not None:
+                if tid and slot.id and tid != slot.id:
+                    # B08: a new id at an index in use starts a new call.
+                    self._end_tool(c, p, slot, sink)
+                    slot = None
+                elif (name or not blank) and slot.complete:
+                    if not tid and name and (not blank or name != slot.name):
+                        self._end_tool(c, p, slot, sink)
+                        slot = None  # a finished call's index given to the next call, with no id
+                    elif not blank:
+                        self._stray(p, [slot], text, f"index {widx}")
+                        return
         elif tid:
             slot = c.by_id.get(tid)
-        else:
-            slot = c.last if pos == 0 and c.last is not None else c.slots.get(widx)
+            if slot is not None and not blank and slot.complete:
+                self._stray(p, [slot], text, f"id {tid!r}")
+                return
+        elif c.order:
+            last = c.last
+            open_ = [s for s in c.order if (s is last or s.tail) and not s.complete]
+            if name:
+                if len(open_) == 1 and (not open_[0].name or open_[0].name == name):
+                    slot = open_[0]
+                elif not open_ and blank and last is not None and last.name == name:
+                    slot = last  # the name again, nothing more
+            elif len(open_) == 1:
+                slot = open_[0]
+            elif blank:
+                slot = last  # nothing to place: vendor fields at most
+            else:
+                self._stray(p, open_ or ([last] if last is not None else []), text, None)
+                return
         if slot is None:
             self._close_text(c, sink)
             data = {SOURCE: {"vendor": self.vendor, "fields": fields}} if fields else None
             block = self._start(p, sink, ContentBlockStart(len(p.blocks), "tool_use", tid, name, data))
-            slot = _Slot(block, tid, dict(fields), dict(fields))
+            slot = _Slot(block, tid, dict(fields), dict(fields), name, p.blocks[block].parts)
             c.slots[widx] = slot
             c.order.append(slot)
             if tid:
@@ -804,16 +854,33 @@ class OpenAIChatStreamParser:
                 b.id = tid
                 c.by_id.setdefault(tid, slot)
             if name and not b.name:
-                b.name = name  # names are set once, never concatenated (B08)
+                b.name = slot.name = name  # names are set once, never concatenated (B08)
             if fields:
                 slot.fields = merge_vendor_fields(slot.fields, fields)
         c.last = slot
-        if isinstance(args, dict):
-            args = orjson.dumps(args).decode() if args else ""
-        if isinstance(args, str) and args:
-            ev = ToolCallArgumentsDelta(slot.block, args)
+        if text and not (blank and slot.complete):
+            ev = ToolCallArgumentsDelta(slot.block, text)
             p.apply(ev)
+            slot.added(text)
             sink.append(ev)
+
+    def _stray(self, p: PartialMessageResponse, calls: list[_Slot], text: str, key: str | None) -> None:
+        """Argument text that continues no call it may be appended to: each of ``calls`` ends with an
+        error instead of arguments that could be wrong (the text is dropped, not guessed)."""
+        piece = text if len(text) <= 60 else text[:57] + "..."
+        if key is not None:
+            why = (f"the stream sent more argument text ({piece!r}) for the call at {key} after its "
+                   "arguments were already a complete JSON value")
+        elif len(calls) > 1:
+            names = ", ".join(repr(p.blocks[s.block].name or "?") for s in calls)
+            why = (f"the stream sent argument text ({piece!r}) with no index and no id while calls {names} "
+                   "were all still open: it does not say which call it continues")
+        else:
+            why = (f"the stream sent argument text ({piece!r}) with no index and no id after this call's "
+                   "arguments were already a complete JSON value")
+        for s in calls:
+            if s.error is None:
+                s.error = why
 
     @staticmethod
     def _start(p: PartialMessageResponse, sink: list[StreamEvent], ev: ContentBlockStart) -> int:
@@ -825,11 +892,14 @@ class OpenAIChatStreamParser:
         index = slot.block
         if p.blocks[index].closed:
             return
-        call = p.tool_block(index)
-        data = None
+        data: dict[str, Any] | None = None
         if slot.fields != slot.start_fields:  # vendor fields that came after the first fragment
             data = {SOURCE: {"vendor": self.vendor, "fields": slot.fields}}
-            call = evolve(call, provider_data={**(call.provider_data or {}), **data})
+        if slot.error is not None:  # the call is answered with an error, never run (its arguments are unsure)
+            data = {**(data or {}), "arguments_error": slot.error}
+        if data:
+            p.set_block_data(index, **data)
+        call = p.tool_block(index)
         ev = ToolCallEnd(index, call)
         p.apply(ev)
         sink.append(ev)
@@ -925,7 +995,7 @@ class OpenAIChatProvider(HttpProvider):
         return "/chat/completions"
 
     def build_body(self, request: MessageRequest, stream: bool) -> dict[str, Any]:
-        prof = self.profile
+        prof = self.wire_profile(request.model or self.model)
         body: dict[str, Any] = {
             "model": request.model or self.model,
             "messages": messages_to_wire(
@@ -936,6 +1006,7 @@ class OpenAIChatProvider(HttpProvider):
                 vendor=self.vendor,
                 tool_ids=prof.option("tool_ids"),
                 foreign_call_signature=prof.option("foreign_call_signature"),
+                provider=self.name,
             ),
         }
         if request.tools:

@@ -49,6 +49,7 @@ from ..types.content import (AudioBlock, ContentBlock, ExtensionBlock, FileBlock
                              TextBlock, ThinkingBlock, ToolUseBlock)
 from ..types.messages import (AssistantMessage, Message, ModelStopReason, SystemMessage,
                               Usage, UserImageMessage, UserMessage)
+from ..types.pairing import MISSING_RESULT, normalize_pairing
 from ..types.requests import MessageRequest, MessageResponse
 from ..types.stream import (ContentBlockEnd, ContentBlockStart, CostUpdate, MessageComplete,
                             MessageStart, PartialMessageResponse, RefusalDelta, StreamEvent,
@@ -59,7 +60,8 @@ from .costs import cost_update
 from .errors import error_from_payload
 from .sse import ServerSentEvent
 from .structured_output import response_format_of
-from .wire import ARRAY, COUNT, INT, OBJECT, STR, STRAY, check, guard, list_of, obj, one_of, stray_error, tagged
+from .wire import (ARRAY, COUNT, INT, OBJECT, STR, STRAY, check, guard, list_of, obj, one_of, orphan_error, stray_error,
+                   tagged)
 
 __all__ = ["OpenAIResponsesProvider", "OpenAIResponsesStreamParser", "keep_reasoning_items",
            "map_status", "messages_to_input", "parse_output", "parse_usage"]
@@ -252,18 +254,29 @@ def keep_reasoning_items(items: Sequence[dict[str, Any]],
 
 
 def messages_to_input(messages: Sequence[Message], *, system_role: str = "developer",
-                      store: bool | None = None) -> tuple[str | None, list[dict[str, Any]]]:
+                      store: bool | None = None, server_state: bool = True,
+                      provider: str = SOURCE) -> tuple[str | None, list[dict[str, Any]]]:
     """Neutral messages as ``(instructions, input items)``, by the rules of the module docstring.
 
     ``store`` is the request's ``store`` flag (``False``: reasoning without
     ``encrypted_content`` cannot be replayed).
 
+    ``server_state``: the request continues state kept on the server (``previous_response_id``,
+    ``conversation``), where the calls of results with none before them may be.
+
     Raises:
         InvalidRequestError: audio input (the protocol has no audio part).
+        InvalidHistoryError: without ``server_state``, a tool result that answers no earlier call
+            (the API refuses it: "No tool call found for function call output").
     """
     system: list[str] = []
     items: list[dict[str, Any]] = []
     groups: list[int | None] = []
+    # results right after their calls (:func:`~fsm_agent.types.normalize_pairing`); an output with no
+    # call before it stays (with ``previous_response_id`` the call is on the server)
+    messages, orphans = normalize_pairing(messages)
+    if orphans and not server_state:
+        raise orphan_error(messages, orphans, provider)
     for pos, m in enumerate(messages):
         if isinstance(m, AssistantMessage):
             made = _assistant_items(m, store)
@@ -290,8 +303,7 @@ def messages_to_input(messages: Sequence[Message], *, system_role: str = "develo
     return (_SEP.join(system) if system else None), keep_reasoning_items(items, groups)
 
 
-MISSING_OUTPUT = ("No result was recorded for this call (the run stopped before it finished); its outcome "
-                  "is unknown.")
+MISSING_OUTPUT = MISSING_RESULT
 """The output sent for a ``function_call`` the history never answered (the API rejects the request
 otherwise: "No tool output found for function call ...")."""
 
@@ -783,7 +795,9 @@ class OpenAIResponsesProvider(HttpProvider):
         wire_extra = extra["body"] if isinstance(extra.get("body"), dict) else {}
         store = request.get_extra("store", bool) if "store" in extra else wire_extra.get("store")
         role = self.profile.option("system_role", "developer")
-        instructions, items = messages_to_input(request.messages, system_role=role, store=store)
+        server_state = any(k in extra or k in wire_extra for k in ("previous_response_id", "conversation"))
+        instructions, items = messages_to_input(request.messages, system_role=role, store=store,
+                                                server_state=server_state, provider=self.name)
         body: dict[str, Any] = {"model": request.model or self.model, "input": items}
         if instructions is not None:
             body["instructions"] = instructions

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import enum
+from fnmatch import fnmatchcase
+from typing import Any
 from urllib.parse import urlsplit
 
 from attrs import evolve
 
 from ..errors import ConfigurationError
-from .base import Profile, Provider, ProviderCapabilities, ProviderConfig, ToolMode
+from .base import HttpProvider, Profile, Provider, ProviderCapabilities, ProviderConfig, ToolMode
 
-__all__ = ["PROFILES", "ProviderType", "create_provider", "detect_profile", "get_profile"]
+__all__ = ["MODEL_FAMILIES", "PROFILES", "ProviderType", "create_provider", "detect_profile", "get_profile",
+           "model_family", "resolve_profile", "with_model_rules"]
 
 
 class ProviderType(str, enum.Enum):
@@ -230,6 +233,66 @@ def detect_profile(base_url: str | None) -> str | None:
 
 
 
+MODEL_FAMILIES: tuple[tuple[str, str], ...] = (
+    # Mistral AI: La Plateforme names, Hugging Face ids, Ollama tags, Bedrock and Vertex ids
+    ("mistral*", "mistral"), ("magistral*", "mistral"), ("codestral*", "mistral"), ("devstral*", "mistral"),
+    ("ministral*", "mistral"), ("pixtral*", "mistral"), ("mixtral*", "mistral"), ("voxtral*", "mistral"),
+    ("open-mistral*", "mistral"), ("open-mixtral*", "mistral"), ("open-codestral*", "mistral"),
+    ("deepseek*", "deepseek"),
+    ("kimi*", "moonshot"), ("moonshot.kimi*", "moonshot"),
+    ("qwen*", "qwen"), ("qwq*", "qwen"),
+)
+"""Model-name patterns and the profile whose *model rules* such a model follows on any host.
+
+A pattern (``fnmatch``, case-insensitive) is matched against the model name after its last ``/``
+(``mistralai/Mistral-Small-3.1-24B`` is matched as ``mistral-small-3.1-24b``). When several match, the
+longest pattern wins. The model rules are the parts of a profile that the model itself requires,
+whoever serves it: the tool-call id shape (Mistral's 9 alphanumeric characters: its chat template and
+tokenizer refuse others, on La Plateforme, vLLM or behind a gateway alike) and the reasoning echo
+(``reasoning_field`` and ``echo_reasoning``: DeepSeek, Kimi and Qwen thinking models read their
+reasoning back on tool-call turns). Endpoint rules (base URL, auth, ``stream_options``, the
+thinking switch, Gemini's signature placeholder, OpenRouter's ``reasoning_details``) stay with the
+endpoint's profile."""
+
+_MODEL_RULE_OPTIONS = ("tool_ids",)
+
+
+def model_family(model: str | None) -> str | None:
+    """The profile whose model rules apply to ``model`` (:data:`MODEL_FAMILIES`: the longest matching
+    pattern), or ``None``."""
+    if not model:
+        return None
+    name = model.rsplit("/", 1)[-1].lower()
+    best: tuple[int, str] | None = None
+    for pattern, family in MODEL_FAMILIES:
+        if fnmatchcase(name, pattern) and (best is None or len(pattern) > best[0]):
+            best = (len(pattern), family)
+    return best[1] if best else None
+
+
+def with_model_rules(profile: Profile, model: str | None) -> Profile:
+    """``profile`` with the model rules of ``model``'s family (:data:`MODEL_FAMILIES`) filling what
+    ``profile`` leaves unset: a rule the endpoint's profile sets itself (its own ``reasoning_field``,
+    ``tool_ids``) stays. ``profile`` itself when no family matches, or the protocol is not Chat
+    Completions."""
+    family = model_family(model)
+    if family is None or family == profile.name or profile.protocol != "openai-chat":
+        return profile
+    rules = PROFILES[family]
+    changes: dict[str, Any] = {}
+    if rules.reasoning_field and profile.reasoning_field is None:
+        changes["reasoning_field"] = rules.reasoning_field
+    if rules.echo_reasoning and not profile.echo_reasoning:
+        changes["echo_reasoning"] = True
+    options = dict(profile.options)
+    for key in _MODEL_RULE_OPTIONS:
+        if rules.option(key) is not None and key not in options:
+            options[key] = rules.option(key)
+    if len(options) != len(profile.options):
+        changes["options"] = tuple(options.items())
+    return evolve(profile, **changes) if changes else profile
+
+
 def get_profile(name: str) -> Profile:
     """The profile called ``name``.
 
@@ -242,11 +305,38 @@ def get_profile(name: str) -> Profile:
         raise ConfigurationError(f"unknown provider {name!r}; known: {', '.join(sorted(PROFILES))}") from None
 
 
+def resolve_profile(value: str | Profile) -> Profile:
+    """A :attr:`ProviderConfig.profile` value as a profile: a :class:`Profile` as it is, a name looked up.
+
+    Raises:
+        ConfigurationError: an unknown name, or a value that is neither.
+    """
+    if isinstance(value, Profile):
+        return value
+    if isinstance(value, str):
+        return get_profile(value)
+    raise ConfigurationError(f"ProviderConfig.profile must be a profile name or a Profile, got {type(value).__name__}")
+
+
 def create_provider(kind: ProviderType | str, config: ProviderConfig | None = None) -> Provider:
     """Build the provider for ``kind`` with ``config`` (model, base URL, key, timeouts, retries).
 
+    The profile, most specific first:
+
+    1. ``config.profile`` (a name or a :class:`Profile`): used as it is; nothing is detected. It must
+       speak the protocol of ``kind`` (any Chat Completions profile for ``openai`` and
+       ``openai-compatible``).
+    2. ``kind``, when it names a vendor (``mistral``, ``deepseek``, ``vllm`` ...).
+    3. For ``openai`` and ``openai-compatible``: the vendor whose API the base URL's host is
+       (:func:`detect_profile`), else ``kind``'s own profile.
+    4. On top of 2 or 3, for every request: the model rules of the request's model
+       (:func:`with_model_rules`, :data:`MODEL_FAMILIES`), so that ``mistral-large-latest`` through a
+       gateway, a proxy or a local server on any host gets Mistral's tool-call ids. A rule the
+       profile sets itself wins over the model's.
+
     Raises:
-        ConfigurationError: unknown kind, or a missing model, base URL or API key.
+        ConfigurationError: unknown kind or profile, a profile of another protocol than ``kind``, or
+            a missing model, base URL or API key.
     """
     try:
         kind = ProviderType(kind)
@@ -255,6 +345,16 @@ def create_provider(kind: ProviderType | str, config: ProviderConfig | None = No
             f"unknown provider {kind!r}; known: {', '.join(p.value for p in ProviderType)}"
         ) from None
     config = config or ProviderConfig()
+    if config.profile is not None:
+        return _with_profile(kind, resolve_profile(config.profile), config)
+    provider = _for_kind(kind, config)
+    if isinstance(provider, HttpProvider):
+        provider.model_rules = with_model_rules
+    return provider
+
+
+def _for_kind(kind: ProviderType, config: ProviderConfig) -> Provider:
+    """The provider of ``kind``'s profile, or of the vendor whose API the base URL is (steps 2-3)."""
     if kind in _GENERIC:  # "openai" or "openai-compatible" at a vendor's URL: that vendor's profile
         detected = detect_profile(config.base_url)
         if detected is not None:
@@ -280,3 +380,25 @@ def create_provider(kind: ProviderType | str, config: ProviderConfig | None = No
             from .anthropic import AnthropicProvider
 
             return AnthropicProvider(PROFILES[kind.value], config)
+
+
+def _with_profile(kind: ProviderType, profile: Profile, config: ProviderConfig) -> Provider:
+    """The provider of ``profile``'s protocol (``ProviderConfig.profile``), checked against ``kind``."""
+    protocol = PROFILES[kind.value].protocol
+    if profile.protocol != protocol:
+        raise ConfigurationError(
+            f"profile {profile.name!r} speaks {profile.protocol}, but provider {kind.value!r} speaks {protocol}; "
+            f"pass a provider of that protocol, or another profile")
+    if profile.protocol == "openai-chat":
+        from .openai_chat import OpenAIChatProvider
+
+        if config.model is None and profile.default_model is None:
+            profile = evolve(profile, default_model="default")
+        return OpenAIChatProvider(profile, config)
+    if profile.protocol == "openai-responses":
+        from .openai_responses import OpenAIResponsesProvider
+
+        return OpenAIResponsesProvider(profile, config)
+    from .anthropic import AnthropicProvider
+
+    return AnthropicProvider(profile, config)

@@ -16,6 +16,11 @@ wherever the parsers treat it so (the default), but not as an element of an arra
 ``KeyError``, ``AttributeError``, ``IndexError``, ``ValueError`` or ``RecursionError`` that still
 escapes a parser (a shape that misses a key the parser reads) becomes a
 :class:`ProviderProtocolError` that names the frame, with the original chained as its cause.
+
+The other direction, what fsm_agent sends: every protocol module puts the history into the shape its
+wire accepts with :func:`fsm_agent.types.normalize_pairing`, and refuses what that cannot fix
+without losing content with :func:`orphan_error` (an :class:`InvalidHistoryError`, raised before
+anything is sent).
 """
 
 from __future__ import annotations
@@ -25,10 +30,10 @@ import copy
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from ..errors import ProviderError, ProviderProtocolError
+from ..errors import InvalidHistoryError, ProviderError, ProviderProtocolError
 
 __all__ = ["ANY", "ARRAY", "BOOL", "COUNT", "INT", "MAX_DEPTH", "NUM", "OBJECT", "STR", "STRAY", "Shape", "check",
-           "guard", "json_type", "list_of", "obj", "one_of", "stray_error", "tagged"]
+           "guard", "json_type", "list_of", "obj", "one_of", "orphan_error", "stray_error", "tagged"]
 
 MAX_DEPTH = 128
 """Deepest nesting of arrays and objects accepted in one frame. Real frames stay below 20; deeper
@@ -316,3 +321,17 @@ def guard(what: str, provider: str | None) -> Iterator[None]:
         raise
     except STRAY as exc:
         raise stray_error(exc, what, provider) from exc
+
+
+def orphan_error(messages: Any, orphans: list[int], provider: str | None) -> InvalidHistoryError:
+    """The error for tool results that answer no earlier call (``orphans``: their indexes in
+    ``messages``, as :func:`fsm_agent.types.normalize_pairing` returns them), raised before the
+    request is sent: the protocol refuses them, and dropping them would lose what they say."""
+    where = ", ".join(f"message {i} (tool_call_id {getattr(messages[i], 'tool_call_id', '?')!r})"
+                      for i in orphans[:5])
+    more = f" and {len(orphans) - 5} more" if len(orphans) > 5 else ""
+    return InvalidHistoryError(
+        f"invalid message history: the tool result at {where}{more} answers no earlier tool call, and "
+        "the protocol refuses a result without its call. Give the assistant message with that call "
+        "before it, or leave the result out (the repair middleware drops such results)",
+        provider=provider)

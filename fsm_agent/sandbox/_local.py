@@ -53,13 +53,12 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import attrs
-import orjson
 
+from ._report import channel_cap, file_name, parse_channel, read_report, stream_text
 from ._seccomp import seccomp_available, seccomp_program
 from .base import (
     LIMIT_NAMES,
     OUTPUT_KILL_FACTOR,
-    CodeError,
     ExecutionResult,
     FileChange,
     GuaranteeNotHeldError,
@@ -70,6 +69,7 @@ from .base import (
     SandboxInputError,
     SandboxUnavailableError,
     check_timeout,
+    typed_errors,
 )
 
 __all__ = ["DEFAULT_UIDS", "LOCK_DIR", "LocalSandbox", "SELF_TEST", "processes_of"]
@@ -102,14 +102,11 @@ _MAX_DEPTH = 64
 _MAX_CHANGES = 1_000
 _HASH_BUDGET = 256 * 1024 * 1024
 _RUNNER = (Path(__file__).with_name("_runner.py")).read_text()
-_STARTED = b"S"
-_STATUS = b"M"
 _WORK = "work"
 SWEPT_DIRS: tuple[str, ...] = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock", "/dev/mqueue")
 """World-writable directories from which the uid's entries are removed after a call, when the sandbox
 cannot keep the code from writing there (the subprocess sandbox without Landlock), and after a
 crashed call."""
-_INT_RANGE = (-(2**63), 2**64 - 1)
 
 SELF_TEST = r'''
 import os, resource, socket
@@ -233,6 +230,8 @@ def _check_files(files: Mapping[str, bytes | str] | None) -> list[tuple[str, byt
     for path, content in (files or {}).items():
         if not isinstance(path, str) or not path or "\x00" in path:
             raise SandboxInputError(f"files: {path!r} is not a file path")
+        if not _is_utf8(path):
+            raise SandboxInputError(f"files: {path!r} holds a lone surrogate: a seeded file's path must be UTF-8 text")
         norm = posixpath.normpath(path)
         if path.startswith("/") or norm == "." or norm.startswith("../") or norm == "..":
             raise SandboxInputError(f"files: {path!r} must be a relative path inside the work dir (no leading '/', "
@@ -243,6 +242,34 @@ def _check_files(files: Mapping[str, bytes | str] | None) -> list[tuple[str, byt
             raise SandboxInputError(f"files[{path!r}] must be bytes or str, not {type(content).__name__}")
         out.append((norm, bytes(content)))
     return out
+
+
+def _is_utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def host_path(what: str, value: Any) -> str:
+    """``value`` (a str or path-like) as a host path string.
+
+    Raises:
+        SandboxInputError: it is not a path, holds a NUL, or cannot be encoded for the file system
+            (a lone surrogate other than a non-UTF-8 byte's).
+    """
+    try:
+        path = os.fspath(value)
+    except TypeError:
+        raise SandboxInputError(f"{what} must be a path, not {type(value).__name__}") from None
+    if not isinstance(path, str) or "\x00" in path:
+        raise SandboxInputError(f"{what} must be a text path without NUL, got {path!r}")
+    try:
+        os.fsencode(path)
+    except UnicodeEncodeError:
+        raise SandboxInputError(f"{what} {path!r} cannot be encoded as a file name (a lone surrogate)") from None
+    return path
 
 
 def _check_code(code: Any) -> bytes:
@@ -392,12 +419,13 @@ def _snapshot(outer_fd: int) -> tuple[dict[str, Entry], bool]:
         for rel, st, dir_fd, name in _walk(top):
             if stat.S_ISDIR(st.st_mode):
                 continue
+            path = file_name(rel)  # a name that is not UTF-8 is carried with \xNN escapes
             if stat.S_ISREG(st.st_mode):
-                out[rel] = ("file", st.st_size, _sha256(dir_fd, name, budget))
+                out[path] = ("file", st.st_size, _sha256(dir_fd, name, budget))
             elif stat.S_ISLNK(st.st_mode):
-                out[rel] = ("symlink", st.st_size, None)
+                out[path] = ("symlink", st.st_size, None)
             else:
-                out[rel] = ("other", st.st_size, None)
+                out[path] = ("other", st.st_size, None)
     except _Truncated:
         return out, True
     finally:
@@ -655,36 +683,6 @@ async def _pipe_reader(fd: int) -> tuple[asyncio.StreamReader, asyncio.BaseTrans
     return reader, transport
 
 
-def _int64(text: str) -> int:
-    value = int(text)
-    if not _INT_RANGE[0] <= value <= _INT_RANGE[1]:
-        raise ValueError("an integer beyond 64 bits")
-    return value
-
-
-def _no_constant(text: str) -> Any:
-    raise ValueError(f"{text} is not JSON")
-
-
-def _parse_report(data: bytes) -> dict[str, Any]:
-    """The runner's report, trusting nothing: any JSON off the shape (deep, huge integers, not an
-    object) is no report; a return value orjson cannot write is dropped (its ``repr`` stays)."""
-    if not data:
-        return {}
-    try:
-        doc = json.loads(data, parse_int=_int64, parse_constant=_no_constant)
-    except (ValueError, RecursionError):
-        return {}
-    if not isinstance(doc, dict):
-        return {}
-    if "return_value" in doc:
-        try:
-            orjson.dumps(doc["return_value"])
-        except (orjson.JSONEncodeError, TypeError):
-            del doc["return_value"]
-    return doc
-
-
 class LocalSandbox:
     """Base of the local sandboxes: a pool of dedicated uids, per-call work dirs, the launcher.
 
@@ -718,18 +716,20 @@ class LocalSandbox:
         if len(set(pool)) != len(pool):
             raise SandboxInputError(f"uids must be distinct: {uids!r}")
         self.uids: tuple[int, ...] = tuple(pool)
-        self.python = python
+        self.python = host_path("python", python)
         req = tuple(self.DESIGNED if required is None else required)
         unknown = [r for r in req if r not in GUARANTEE_NAMES]
         if unknown:
             raise SandboxInputError(f"required names unknown guarantee(s) {unknown}; known: {', '.join(GUARANTEE_NAMES)}")
         self.required = req
         self.keep_workdir = keep_workdir
-        self.workdir_root = os.fspath(workdir_root) if workdir_root is not None else None
+        self.workdir_root = host_path("workdir_root", workdir_root) if workdir_root is not None else None
         self.env = dict(env or {})
         for k, v in self.env.items():
-            if not isinstance(k, str) or not isinstance(v, str) or not k or "=" in k or "\x00" in k + v:
-                raise SandboxInputError(f"env: {k!r}={v!r} is not an environment variable")
+            if not isinstance(k, str) or not isinstance(v, str) or not k or "=" in k or "\x00" in k + v \
+                    or not _is_utf8(k + v):
+                raise SandboxInputError(f"env: {k!r}={v!r} is not an environment variable (UTF-8 text, a name "
+                                        "without '=')")
         self.root = os.geteuid() == 0
         self._guarantees: Guarantees | None = None
         self._checked_uids = False
@@ -875,13 +875,20 @@ class LocalSandbox:
         return [root] if mode & stat.S_IWOTH and root not in SWEPT_DIRS else []
 
     async def start(self) -> Guarantees:
-        """Run the self-test once and return the guarantees (cached).
+        """Run the self-test and return the guarantees. A self-test that ran is cached; one that failed
+        (the sandbox did not start, or the test did not finish: a transient shortage such as ``EAGAIN``
+        on a fork while the uid's last processes are still being reaped) is not, and the returned
+        :class:`Guarantees` hold nothing, each for that reason: the next ``start()`` or ``run()`` tests
+        again.
 
         Raises:
             SandboxUnavailableError: a needed binary is missing, or a dedicated uid is in use by some
                 other program.
+            SandboxError: the sandbox failed in some other way (the message says how).
         """
-        if self._guarantees is None:
+        if self._guarantees is not None:
+            return self._guarantees
+        with typed_errors(self.NAME, "starting"):
             self._preflight()
             self._check_workdir_root()
             await asyncio.to_thread(self._check_uids)
@@ -889,15 +896,18 @@ class LocalSandbox:
             try:
                 result = await self._execute(SELF_TEST, [], limits, keep=False)
             except SandboxError as exc:
-                self._guarantees = Guarantees.unknown(self.NAME, f"the sandbox did not start: {exc}")
+                failed = Guarantees.unknown(self.NAME, f"the sandbox did not start (tested again at the next "
+                                                       f"start or run): {exc}")
             else:
-                if not isinstance(result.return_value, dict):
-                    detail = result.error.message if result.error else result.stderr[-500:]
-                    self._guarantees = Guarantees.unknown(self.NAME, f"the self-test failed: {detail}")
-                else:
+                if isinstance(result.return_value, dict):
                     self._guarantees = self._interpret(result.return_value, limits)
-            log.info("sandbox %s", self._guarantees.summary())
-        return self._guarantees
+                    log.info("sandbox %s", self._guarantees.summary())
+                    return self._guarantees
+                detail = result.error.message if result.error else result.stderr[-500:]
+                failed = Guarantees.unknown(self.NAME, f"the self-test failed (tested again at the next start or "
+                                                       f"run): {detail}")
+        log.warning("sandbox %s", failed.summary() + f" ({failed.reasons['network_isolated']})")
+        return failed
 
     def guarantees(self) -> Guarantees:
         if self._guarantees is not None:
@@ -917,11 +927,13 @@ class LocalSandbox:
             SandboxUnavailableError: a needed binary is missing or a dedicated uid is in use.
             SandboxInputError: ``code``, ``files``, ``limits`` or ``timeout`` is invalid (``timeout``
                 must be a finite positive number of seconds).
-            SandboxError: the launcher chain or the interpreter did not start.
+            SandboxError: the launcher chain or the interpreter did not start, or the sandbox failed in
+                some other way (a work dir it could not create ...): never another exception type.
         """
         source, seeded, lim = checked_run(code, files, limits, timeout, self.limits)
         check_required(self.NAME, self.required, await self.start())
-        return await self._execute(source, seeded, lim)
+        with typed_errors(self.NAME, "running the code"):
+            return await self._execute(source, seeded, lim)
 
     # -- one run ----------------------------------------------------------------------------------
     async def _take_uid(self) -> _Slot | None:
@@ -949,7 +961,11 @@ class LocalSandbox:
     def _make_workdir(self, outer: str, uid: int | None, seeded: list[tuple[str, bytes]]) -> int:
         """Create ``outer`` (root-owned, 0711) holding ``work`` (the uid's, 0700) with ``files`` in it;
         return a descriptor of ``outer``."""
-        os.mkdir(outer, 0o700)
+        try:
+            os.mkdir(outer, 0o700)
+        except OSError as exc:
+            raise SandboxError(f"the {self.NAME} sandbox could not create its work dir in workdir_root "
+                               f"{self._root_dir!r}: {exc.strerror}", sandbox=self.NAME) from exc
         fd = -1
         try:
             fd = os.open(outer, _DIR_FLAGS)
@@ -1068,7 +1084,7 @@ class LocalSandbox:
 
             cap = limits.output_bytes
             ceiling = OUTPUT_KILL_FACTOR * cap
-            for fd, keep_n, limit in ((out_r, cap, ceiling), (err_r, cap, ceiling), (res_r, 4 * cap + 66_000, None)):
+            for fd, keep_n, limit in ((out_r, cap, ceiling), (err_r, cap, ceiling), (res_r, channel_cap(cap), None)):
                 ours.remove(fd)
                 reader, transport = await _pipe_reader(fd)
                 transports.append(transport)
@@ -1119,55 +1135,43 @@ class LocalSandbox:
     def _result(self, returncode: int | None, out: bytes, out_n: int, err: bytes, err_n: int, doc: bytes,
                 killed_by_parent: bool, flooded: bool, duration: float, before: dict[str, Entry],
                 after: dict[str, Entry], truncated: bool, kept: str | None, limits: Limits) -> ExecutionResult:
-        started = doc.startswith(_STARTED)
+        started, status, report = parse_channel(doc)
         if not started and not killed_by_parent and not flooded:
             text = err.decode("utf-8", "replace")
             raise SandboxError(f"the {self.NAME} sandbox did not start its interpreter (exit status {returncode}); "
                                "if the memory limit is low, raise it", sandbox=self.NAME, detail=text)
-        status: dict[str, Any] = {}
-        report: dict[str, Any] = {}
-        if started and doc[1:2] == _STATUS:  # the monitor's line, then the child's report
-            line, _, rest = doc[2:].partition(b"\n")
-            with contextlib.suppress(ValueError):
-                loaded = json.loads(line)
-                status = loaded if isinstance(loaded, dict) else {}
-            report = _parse_report(rest)
-        hit: set[str] = {x for x in report.get("limits") or () if x in LIMIT_NAMES}
+        # the code's report names only what its own process saw fail (memory, processes, file_size);
+        # cpu is the monitor's, wall and output the parent's
+        claimed = read_report(report, limits.output_bytes)
+        hit: set[str] = set(claimed.limits)
         exit_code: int | None = None
         sig: int | None = None
         if killed_by_parent or flooded:
             hit.add("wall" if killed_by_parent else "output")
             sig = signal.SIGKILL
-        elif isinstance(status.get("signal"), int):
+        elif type(status.get("signal")) is int:
             sig = status["signal"]
             cpu = status.get("cpu_s")
-            used = float(cpu) if isinstance(cpu, (int, float)) else 0.0
+            used = float(cpu) if isinstance(cpu, (int, float)) and not isinstance(cpu, bool) else 0.0
             if sig in (signal.SIGXCPU, signal.SIGKILL) and used >= 0.9 * limits.cpu_seconds:
                 # the kernel's RLIMIT_CPU signals, after the process really used its seconds (rusage, as
                 # the monitor's wait4 got it, can read a little under the kernel's own CPU clock)
                 hit.add("cpu")
             elif sig == signal.SIGXFSZ:
                 hit.add("file_size")
-        elif isinstance(status.get("exit"), int):
+        elif type(status.get("exit")) is int:
             exit_code = status["exit"]
         # else: no status from the monitor (the code killed it): neither exit status nor signal is known
-        if out_n > len(out) or err_n > len(err) or report.get("value_truncated") or report.get("repr_truncated"):
+        if out_n > len(out) or err_n > len(err):
             hit.add("output")
         changes = _diff(before, after)
         if limits.file_size_bytes and any(c.kind == "file" and c.size == limits.file_size_bytes for c in changes):
             hit.add("file_size")  # a file exactly at the cap: a write was cut there
-        error = None
-        if isinstance(report.get("error"), dict):
-            e = report["error"]
-            error = CodeError(str(e.get("type"))[:200], str(e.get("message")), str(e.get("traceback")),
-                              e.get("line") if isinstance(e.get("line"), int) else None)
-        repr_text = report.get("return_repr")
         ordered: tuple[LimitName, ...] = tuple(n for n in LIMIT_NAMES if n in hit)
         return ExecutionResult(
-            sandbox=self.NAME, stdout=out.decode("utf-8", "replace"), stderr=err.decode("utf-8", "replace"),
+            sandbox=self.NAME, stdout=stream_text(out, out_n > len(out)), stderr=stream_text(err, err_n > len(err)),
             exit_code=exit_code, signal=int(sig) if sig is not None else None,
-            return_value=report.get("return_value"),
-            return_repr=repr_text[: limits.output_bytes] if isinstance(repr_text, str) else None, error=error,
+            return_value=claimed.return_value, return_repr=claimed.return_repr, error=claimed.error,
             files=tuple(changes[:_MAX_CHANGES]), limits_hit=ordered, duration_s=duration, stdout_bytes=out_n,
             stderr_bytes=err_n, files_truncated=truncated or len(changes) > _MAX_CHANGES, workdir=kept)
 

@@ -26,7 +26,12 @@ argv: ``RESULT_FD SECCOMP_FD VALUE_CAP OPTIONS`` (``SECCOMP_FD`` ``-1``: none; `
 object, ``{"landlock": {"ro": [...], "rw": [...], "dev_rw": [...], "dev_ro": [...]}}`` or ``{}``).
 
 The result pipe carries ``S`` (the interpreter started) and, when the child ended, ``M``, one line
-of JSON ``{"exit": N}`` or ``{"signal": N}`` with ``"cpu_s"``, a newline, and the child's report.
+of JSON ``{"exit": N}`` or ``{"signal": N}`` with ``"cpu_s"``, a newline, and what came through the
+report pipe: the child's report is the JSON object after its last ``REPORT`` byte (the code may have
+written to that pipe before; the parent reads only the last report, and trusts none of it about the
+``cpu``, ``wall`` or ``output`` limits). The report is ASCII JSON (``ensure_ascii``): a lone surrogate
+in a text is escaped as ``\\udXXX`` before, and no text of it is larger than ``VALUE_CAP`` UTF-8
+bytes (plus a short note where it was cut), so the whole report fits in :func:`report_budget`.
 """
 
 from __future__ import annotations
@@ -53,14 +58,27 @@ STATUS = b"M"
 MAX_DEPTH = 200
 """A return value nested deeper than this is given by its ``repr`` only (JSON readers such as orjson
 stop at 255 levels)."""
+REPORT = b"\x1e"
+"""Written before the child's report (JSON text never holds this byte)."""
 INT_MIN, INT_MAX = -(2 ** 63), 2 ** 64 - 1
 """Integers outside this range are not kept as JSON numbers (most JSON readers turn them into
 floats, losing digits): the value is then given by its exact ``repr`` only."""
+
+
+def report_budget(cap: int) -> int:
+    """Bytes of the report pipe the monitor keeps: the value (at most ``cap`` bytes of compact UTF-8
+    JSON, at most 3 times that as the report's ASCII JSON), its ``repr``, the error's message and
+    traceback (each at most ``cap`` UTF-8 bytes and a note; at most 6 bytes of ASCII JSON per byte, a
+    control character's ``\\u0001``), and room for the rest. The parent keeps the same
+    (``fsm_agent.sandbox._report``)."""
+    return 24 * cap + 65536
+
 
 _hit: "set[str]" = set()
 _write, _close = os.write, os.close
 _dumps: "Callable[..., str]"  # json.dumps and json.loads as the child imported them, before the code ran
 _loads: "Callable[..., Any]"
+_surrogates: "Callable[..., str]"  # a compiled pattern's sub, bound before the code ran
 
 
 def _libc() -> Any:
@@ -229,19 +247,24 @@ def _plain(value: Any) -> bool:
 
 
 def _jsonable(value: Any, cap: int) -> Dict[str, Any]:
+    """The report's ``return_repr`` (escaped; longer than ``cap`` bytes when the ``repr`` is, so the
+    parent sees that it cuts it) and ``return_value`` (when its JSON fits in ``cap`` bytes, nests at
+    most MAX_DEPTH deep and every integer fits in 64 bits)."""
     if hasattr(sys, "set_int_max_str_digits"):
         sys.set_int_max_str_digits(0)  # the exact digits of any integer (cut below), as the model needs them
     try:
         text = repr(value)
+        if not isinstance(text, str):
+            raise TypeError("__repr__ returned a non-string")
     except BaseException as exc:  # noqa: BLE001 - a broken __repr__ must not lose the run
         text = f"<{type(value).__name__} object; repr() failed: {type(exc).__name__}>"
-    out: Dict[str, Any] = {"return_repr": text[:cap], "repr_truncated": len(text) > cap}
+    data = _escaped(text).encode("utf-8")
+    out: Dict[str, Any] = {"return_repr": data[: cap + 4].decode("utf-8", "ignore")}
     try:
-        encoded = _dumps(value, allow_nan=False)
+        encoded = _dumps(value, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
     except BaseException:  # noqa: BLE001 - not JSON: the repr stands for it
         return out
-    if len(encoded.encode("utf-8", "replace")) > cap:
-        out["value_truncated"] = True
+    if len(encoded.encode("utf-8", "surrogatepass")) > cap:
         return out
     try:
         decoded = _loads(encoded)
@@ -252,11 +275,31 @@ def _jsonable(value: Any, cap: int) -> Dict[str, Any]:
     return out
 
 
-def _cut(text: str, cap: int, keep_end: bool = False) -> str:
-    if len(text) <= cap:
+def _escaped(text: str) -> str:
+    """``text`` as the parent carries it (``fsm_agent.sandbox.base.escaped_text``): a lone surrogate
+    standing for a byte that was not UTF-8 (``os.fsdecode(b"\\xff")``) as ``\\xff``, any other as
+    ``\\ud800``."""
+    try:
+        text.encode("utf-8")
         return text
-    note = f"[{len(text) - cap} characters cut]"
-    return note + text[-cap:] if keep_end else text[:cap] + note
+    except UnicodeEncodeError:
+        return _surrogates(_escape_one, text)
+
+
+def _escape_one(match: Any) -> str:
+    code = ord(match.group())
+    return "\\x%02x" % (code - 0xDC00) if 0xDC80 <= code <= 0xDCFF else "\\u%04x" % code
+
+
+def _cut(text: str, cap: int, keep_end: bool = False) -> str:
+    """``text`` escaped (:func:`_escaped`), cut to ``cap`` UTF-8 bytes with a note saying how much."""
+    text = _escaped(text)
+    data = text.encode("utf-8")
+    if len(data) <= cap:
+        return text
+    kept = (data[-cap:] if keep_end else data[:cap]).decode("utf-8", "ignore")
+    note = f"[{len(text) - len(kept)} characters cut]"
+    return note + kept if keep_end else kept + note
 
 
 def _error(exc: BaseException, source: str, cap: int) -> Dict[str, Any]:
@@ -284,8 +327,8 @@ def _error(exc: BaseException, source: str, cap: int) -> Dict[str, Any]:
         message = str(exc)
     except BaseException:  # noqa: BLE001
         message = "<str() failed>"
-    return {"type": type(exc).__name__, "message": _cut(message, cap), "traceback": _cut(text, cap, keep_end=True),
-            "line": line if isinstance(line, int) else None}
+    return {"type": _cut(type(exc).__name__, 200), "message": _cut(message, cap),
+            "traceback": _cut(text, cap, keep_end=True), "line": line if type(line) is int else None}
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -348,16 +391,29 @@ def _run_code(source: str, report_fd: int, cap: int) -> int:
             stream.flush()
         except BaseException:  # noqa: BLE001 - a closed or broken stream
             pass
+    data = _encode(report)
     try:
-        data = _dumps(report).encode("utf-8", "replace")
-    except BaseException:  # noqa: BLE001 - the code broke the encoder: the limits at least
-        data = ('{"limits": [%s]}' % ", ".join('"%s"' % name for name in sorted(_hit))).encode()
-    try:
-        _write_all(report_fd, data)
+        _write_all(report_fd, REPORT + data)
         _close(report_fd)
     except OSError:
         pass
     return status
+
+
+def _encode(report: Dict[str, Any]) -> bytes:
+    """The report as ASCII JSON; when the code broke the encoder (or memory ran out), the report
+    without its return value, then the error's type and message and the limits, then the limits."""
+    smaller = {k: v for k, v in report.items() if k not in ("return_value", "return_repr")}
+    error = report.get("error") or {}
+    for attempt in (report, smaller, {"error": {"type": error.get("type"), "message": error.get("message")},
+                                      "limits": sorted(_hit)} if error else None):
+        if attempt is None:
+            continue
+        try:
+            return _dumps(attempt).encode("ascii")
+        except BaseException:  # noqa: BLE001
+            continue
+    return ('{"limits": [%s]}' % ", ".join('"%s"' % name for name in sorted(_hit))).encode()
 
 
 def _monitor(pid: int, report_r: int, result_fd: int, keep: int) -> None:
@@ -424,15 +480,17 @@ def main(argv: List[str]) -> int:
     _set_dumpable(0)  # from now on the code's uid cannot open the monitor's /proc files or descriptors
     os.write(go_w, b"g")  # only then may the code run
     os.close(go_w)
-    _monitor(pid, report_r, result_fd, 4 * cap + 65536)
+    _monitor(pid, report_r, result_fd, report_budget(cap))
     os._exit(0)
 
 
 def _child(options: str, report_w: int, go_r: int, cap: int) -> int:
-    global _dumps, _loads
+    global _dumps, _loads, _surrogates
     import json
+    import re
 
     _dumps, _loads = json.dumps, json.loads  # the code may replace json.dumps; the report must not use its version
+    _surrogates = re.compile("[\ud800-\udfff]").sub
     spec = _loads(options)
     source = sys.stdin.buffer.read().decode("utf-8", "replace")
     null = os.open(os.devnull, os.O_RDONLY)

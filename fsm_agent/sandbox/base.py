@@ -38,12 +38,15 @@ The code's own failures are not exceptions of :meth:`Sandbox.run`: they come bac
 
 from __future__ import annotations
 
+import contextlib
 import math
+import re
 import signal as _signal
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
 
 import attrs
+import orjson
 from attrs import field, frozen
 
 from ..errors import ConfigurationError, RunError, ToolError, UserError
@@ -51,6 +54,7 @@ from ..errors import ConfigurationError, RunError, ToolError, UserError
 __all__ = [
     "CodeError",
     "CodeExecutionError",
+    "DOCUMENTED_ERRORS",
     "ExecutionResult",
     "FileChange",
     "GUARANTEE_NAMES",
@@ -158,6 +162,26 @@ class CodeExecutionError(ToolError):
         super().__init__(text, kind="limit_exceeded" if fired else "code_error")
 
 
+DOCUMENTED_ERRORS: tuple[type[Exception], ...] = (SandboxUnavailableError, SandboxInputError, SandboxError,
+                                                  CodeExecutionError)
+"""The errors a sandbox (and :func:`~fsm_agent.sandbox.codeact.codeact_tool`'s tool) raises; anything
+else is wrapped in :class:`SandboxError` (:func:`typed_errors`)."""
+
+
+@contextlib.contextmanager
+def typed_errors(sandbox: str, doing: str, error: type[SandboxError] = SandboxError) -> Iterator[None]:
+    """Let the :data:`DOCUMENTED_ERRORS` (and cancellation) through; raise any other exception as
+    ``error`` (a :class:`SandboxError`) naming ``sandbox``, what it was ``doing``, and the exception
+    (its cause)."""
+    try:
+        yield
+    except DOCUMENTED_ERRORS:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the boundary: what reaches the caller is typed
+        raise error(f"the {sandbox} sandbox failed while {doing}: {type(exc).__name__}: {exc}",
+                    sandbox=sandbox) from exc
+
+
 # -- limits ---------------------------------------------------------------------------------------
 OUTPUT_KILL_FACTOR = 64
 """A run writing more than this many times ``Limits.output_bytes`` to stdout or stderr is killed."""
@@ -234,8 +258,10 @@ class Limits:
     open_files: int = field(default=64, validator=[_whole, _at_least(16)])
     """Open file descriptors per process (``RLIMIT_NOFILE``)."""
     output_bytes: int = field(default=64 * KiB, validator=[_whole, _at_least(1024)])
-    """Bytes of stdout, of stderr, of the return value's JSON and of its ``repr`` kept each; the
-    rest is counted and dropped, and ``output`` is added to ``limits_hit``. A run that writes more
+    """Bytes of stdout, of stderr, of the return value's JSON, of its ``repr`` and of the error's
+    message and traceback kept each (UTF-8). Beyond it, stdout, stderr and the ``repr`` are cut (the
+    output counted and dropped) and ``output`` is added to ``limits_hit``; a larger value is given by
+    its ``repr`` only; the message and traceback are cut with a note. A run that writes more
     than :data:`OUTPUT_KILL_FACTOR` × this to stdout or stderr is killed (``SIGKILL``, ``output``
     in ``limits_hit``): past that the parent stops reading."""
 
@@ -246,7 +272,7 @@ class FileChange:
     """One entry of the work dir that the run created, modified or deleted."""
 
     path: str
-    """POSIX path relative to the work dir."""
+    """POSIX path relative to the work dir; a byte of a name that is not UTF-8 as ``\\xNN``."""
     change: Literal["created", "modified", "deleted"]
     kind: Literal["file", "symlink", "other"] = "file"
     """``file`` (regular file), ``symlink`` (never followed), ``other`` (fifo, socket, device)."""
@@ -287,13 +313,18 @@ class ExecutionResult:
     ``output`` and the sizes are the parent's own observations; ``files`` is the parent's diff of
     the work dir; ``return_value``, ``return_repr``, ``error`` and the ``memory``, ``processes``
     and ``file_size`` limits are reported by the interpreter that ran the code, so code can forge
-    them about itself.
+    them about itself, and nothing more: a report it writes itself can name no other limit.
+
+    Every text encodes as UTF-8: a byte that is not UTF-8 (in a file name, in the output, or as the
+    lone surrogate ``os.fsdecode`` makes of it) comes as ``\\xNN``, any other lone surrogate as
+    ``\\udXXX`` (see :func:`escaped_text`).
     """
 
     sandbox: str
     """The sandbox's name (``bubblewrap``, ``subprocess``, ``remote`` ...)."""
     stdout: str
-    """Captured stdout, decoded as UTF-8 (bad bytes replaced), at most ``Limits.output_bytes`` bytes."""
+    """Captured stdout, decoded as UTF-8 (each byte that is not UTF-8 as ``\\xNN``), at most
+    ``Limits.output_bytes`` bytes."""
     stderr: str
     """Captured stderr, likewise (the traceback of an uncaught exception is here too)."""
     exit_code: int | None
@@ -346,9 +377,13 @@ class ExecutionResult:
         """The JSON object the model reads: ``ok``, ``stdout``, ``stderr``, ``return_value`` /
         ``return_repr``, ``error`` (type, message, line, traceback), ``files`` (path, change, size),
         ``limits_hit``, ``exit_code``/``signal``; empty fields left out. Each text is cut to
-        ``max_chars`` characters (its end kept, where errors are)."""
+        ``max_chars`` characters (its end kept, where errors are). It always encodes as UTF-8 JSON,
+        whatever sandbox made the result: a lone surrogate in a text is given as an escape
+        (:func:`escaped_text`), and a ``return_value`` holding one (or anything else JSON cannot
+        carry) by ``return_repr``."""
 
         def cut(text: str) -> str:
+            text = _escaped(text)
             return text if len(text) <= max_chars else f"[{len(text) - max_chars} characters cut]…" + text[-max_chars:]
 
         out: dict[str, Any] = {"ok": self.ok}
@@ -357,15 +392,16 @@ class ExecutionResult:
         if self.stderr:
             out["stderr"] = cut(self.stderr)
         if self.return_repr is not None:
-            if self.return_value is not None:
+            if self.return_value is not None and _plain_json(self.return_value):
                 out["return_value"] = self.return_value
             else:
                 out["return_repr"] = cut(self.return_repr)
         if self.error is not None:
-            out["error"] = {"type": self.error.type, "message": cut(self.error.message), "line": self.error.line}
+            out["error"] = {"type": _escaped(self.error.type), "message": cut(self.error.message),
+                            "line": self.error.line}
         if self.files:
-            out["files"] = [{"path": f.path, "change": f.change, **({"size": f.size} if f.size is not None else {})}
-                            for f in self.files[:100]]
+            out["files"] = [{"path": _escaped(f.path), "change": f.change,
+                             **({"size": f.size} if f.size is not None else {})} for f in self.files[:100]]
         if self.limits_hit:
             out["limits_hit"] = list(self.limits_hit)
             out["limits_note"] = "; ".join(_LIMIT_TEXT[name] for name in self.limits_hit)
@@ -374,6 +410,38 @@ class ExecutionResult:
         if self.signal is not None:
             out["signal"] = self.signal_name
         return out
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _escape_one(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else f"\\u{code:04x}"
+
+
+def escaped_text(text: str) -> str:
+    """``text`` as a str that encodes as UTF-8 (unchanged when it does): a lone surrogate that stands
+    for a byte that was not UTF-8 (``os.fsdecode(b"\\xff")`` is ``"\\udcff"``) as ``\\xff``, any
+    other lone surrogate as ``\\ud800``."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return _SURROGATE.sub(_escape_one, text)
+
+
+def _escaped(text: Any) -> str:
+    return escaped_text(text if isinstance(text, str) else str(text))
+
+
+def _plain_json(value: Any) -> bool:
+    """``value`` encodes as JSON (orjson: UTF-8 strings, string keys, 64-bit integers, at most 255 levels)."""
+    try:
+        orjson.dumps(value)
+    except (orjson.JSONEncodeError, TypeError):
+        return False
+    return True
 
 
 _LIMIT_TEXT: dict[str, str] = {
@@ -501,7 +569,8 @@ class Sandbox(Protocol):
     limit come back in the :class:`ExecutionResult`. It raises
     :class:`GuaranteeNotHeldError` / :class:`SandboxUnavailableError` when it refuses to run here,
     :class:`SandboxInputError` for bad arguments, :class:`SandboxError` when the sandbox itself
-    failed. Cancelling ``run`` kills every process of the call before the cancellation propagates.
+    failed; the shipped sandboxes raise nothing else (:func:`typed_errors`). Cancelling ``run``
+    kills every process of the call before the cancellation propagates.
     """
 
     @property
@@ -510,7 +579,8 @@ class Sandbox(Protocol):
         ...
 
     async def start(self) -> Guarantees:
-        """Measure (once) and return the guarantees that hold here; ``run`` calls it first."""
+        """Measure and return the guarantees that hold here; ``run`` calls it first. A measurement
+        that succeeded is kept; one that failed (nothing holds, each for why) is made again next time."""
         ...
 
     def guarantees(self) -> Guarantees:

@@ -39,7 +39,7 @@ import subprocess
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ._local import LocalSandbox
+from ._local import LocalSandbox, host_path
 from ._seccomp import DENIED_SYSCALLS, seccomp_available
 from .base import KiB, MiB, Guarantees, Limits, SandboxInputError, SandboxUnavailableError
 
@@ -104,7 +104,7 @@ class BubblewrapSandbox(LocalSandbox):
     ) -> None:
         super().__init__(limits=limits, uids=uids, python=python, required=required, keep_workdir=keep_workdir,
                          workdir_root=workdir_root, env=env)
-        binds = [os.path.normpath(p) for p in ro_binds]
+        binds = [os.path.normpath(host_path("ro_binds", p)) for p in ro_binds]
         for p in binds:
             if not os.path.isabs(p) or p == "/":
                 raise SandboxInputError(f"ro_binds: {p!r} must be an absolute path other than '/'")

@@ -14,7 +14,13 @@ What the model gets back:
   (:class:`~fsm_agent.sandbox.base.CodeExecutionError`, a :class:`~fsm_agent.errors.ToolError`):
   an error result (``is_error``; the ledger says ``failed``; ``metadata["error"]`` is
   ``limit_exceeded`` or ``code_error``) whose text is the same JSON object, naming the exception
-  and each limit that fired (``"limits_hit": ["cpu"]`` and a sentence per limit).
+  and each limit that fired (``"limits_hit": ["cpu"]`` and a sentence per limit);
+* the sandbox refused or failed (not the code's doing): the runtime's error result ``Tool 'run_python'
+  failed: <type>: <message>``, where the type is always one of the sandbox's documented errors
+  (:class:`~fsm_agent.sandbox.base.GuaranteeNotHeldError`,
+  :class:`~fsm_agent.sandbox.base.SandboxUnavailableError`,
+  :class:`~fsm_agent.sandbox.base.SandboxInputError`, :class:`~fsm_agent.sandbox.base.SandboxError`):
+  any other exception from the sandbox is wrapped in a ``SandboxError``.
 
 Effect (what a resume may repeat), chosen from the sandbox's guarantees unless ``effect=`` is given:
 ``pure`` when the sandbox reports ``network_isolated`` and ``filesystem_readonly`` and throws each
@@ -43,7 +49,17 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from ..tools.registry import Tool, ToolContext, ToolEffect
-from .base import CodeExecutionError, GuaranteeNotHeldError, Guarantees, Limits, Sandbox, SandboxInputError, check_timeout
+from ._local import checked_run
+from .base import (
+    CodeExecutionError,
+    GuaranteeNotHeldError,
+    Guarantees,
+    Limits,
+    Sandbox,
+    SandboxInputError,
+    check_timeout,
+    typed_errors,
+)
 
 if TYPE_CHECKING:
     from ..store.base import Store
@@ -133,7 +149,7 @@ def codeact_tool(
         GuaranteeNotHeldError: a guarantee the sandbox requires does not hold here (found now,
             not at the first call).
         SandboxUnavailableError: the sandbox cannot run on this machine.
-        SandboxInputError: an option is invalid.
+        SandboxInputError: an option is invalid (``files`` included: each path relative, UTF-8 text).
     """
     if sandbox is None:
         sandbox = default_sandbox()
@@ -151,23 +167,28 @@ def codeact_tool(
     if effect is None:
         throwaway = getattr(sandbox, "keep_workdir", True) is False
         effect = ToolEffect.PURE if (g.network_isolated and g.filesystem_readonly and throwaway) else ToolEffect.SIDE_EFFECT
+    checked_run("", files, lim, None, lim)  # the files are the caller's: refused now, not at the model's call
     seeded = dict(files or {})
     seen: set[str] = set()
     box = sandbox
 
     async def run_python(code: str, ctx: ToolContext) -> dict[str, Any]:
+        # every sandbox error the model reads is a documented one (anything else: a SandboxError)
         if ctx.session_id not in seen:
-            seen.add(ctx.session_id)
-            started = await box.start()
+            with typed_errors(box.name, "starting"):
+                started = await box.start()
             ctx.report_progress(0, 1, f"sandbox {started.summary()}")
             if store is not None and ctx.session_id:
                 await record_guarantees(store, ctx.session_id, started)
-        result = await box.run(code, files=seeded or None, limits=lim)
+            seen.add(ctx.session_id)
+        with typed_errors(box.name, "running the model's code"):
+            result = await box.run(code, files=seeded or None, limits=lim)
+            answer = result.for_model(max_chars)
+            text = orjson.dumps(answer).decode()
         note = f" (limits: {', '.join(result.limits_hit)})" if result.limits_hit else ""
         ctx.report_progress(1, 1, f"{'ok' if result.ok else 'failed'} in {result.duration_s:.2f} s{note}")
-        answer = result.for_model(max_chars)
         if not result.ok:
-            raise CodeExecutionError(result, orjson.dumps(answer).decode())
+            raise CodeExecutionError(result, text)
         return answer
 
     return Tool(run_python, name=name, description=description if description is not None else _describe(lim),

@@ -60,6 +60,7 @@ from .base import (
     SandboxInputError,
     SandboxUnavailableError,
     check_timeout,
+    typed_errors,
 )
 
 __all__ = ["HttpRemoteExecutor", "RemoteExecutor", "RemoteRequest", "RemoteSandbox", "WIRE_VERSION", "result_to_json"]
@@ -280,7 +281,8 @@ class RemoteSandbox:
 
     async def start(self) -> Guarantees:
         if self._guarantees is None:
-            self._guarantees = await self.executor.describe()
+            with typed_errors("remote", "asking the executor for its guarantees", RemoteSandboxError):
+                self._guarantees = await self.executor.describe()
         return self._guarantees
 
     def guarantees(self) -> Guarantees:
@@ -292,7 +294,8 @@ class RemoteSandbox:
                   timeout: float | None = None, limits: Limits | None = None) -> ExecutionResult:
         source, seeded, lim = checked_run(code, files, limits, timeout, self.limits)
         check_required("remote", self.required, await self.start())
-        return await self.executor.execute(RemoteRequest(source, dict(seeded), lim))
+        with typed_errors("remote", "running the code", RemoteSandboxError):  # an executor of yours too
+            return await self.executor.execute(RemoteRequest(source, dict(seeded), lim))
 
     async def aclose(self) -> None:
         await self.executor.aclose()

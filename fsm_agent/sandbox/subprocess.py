@@ -44,7 +44,7 @@ import shutil
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ._local import LocalSandbox
+from ._local import LocalSandbox, host_path
 from ._seccomp import DENIED_SYSCALLS, seccomp_available
 from .base import Guarantees, Limits, SandboxInputError, SandboxUnavailableError
 
@@ -98,7 +98,7 @@ class SubprocessSandbox(LocalSandbox):
     ) -> None:
         super().__init__(limits=limits, uids=uids, python=python, required=required, keep_workdir=keep_workdir,
                          workdir_root=workdir_root, env=env)
-        paths = [os.path.normpath(p) for p in ro_paths]
+        paths = [os.path.normpath(host_path("ro_paths", p)) for p in ro_paths]
         for p in paths:
             if not isinstance(p, str) or not os.path.isabs(p) or p == "/":
                 raise SandboxInputError(f"ro_paths: {p!r} must be an absolute path other than '/'")

@@ -35,7 +35,14 @@ from .messages import (
     UserImageMessage,
     UserMessage,
 )
-from .pairing import pairing_problems
+from .pairing import (
+    MISSING_RESULT,
+    collapse_repeated_calls,
+    missing_result,
+    normalize_pairing,
+    pairing_problems,
+    result_owners,
+)
 from .plan import (
     ID_CHARS,
     MAX_ID_CHARS,
@@ -89,6 +96,7 @@ __all__ = [
     "MAX_ID_CHARS",
     "MAX_NODES",
     "MAX_TEXT_CHARS",
+    "MISSING_RESULT",
     "Message",
     "MessageComplete",
     "MessageRequest",
@@ -133,6 +141,7 @@ __all__ = [
     "UsageRolledUp",
     "UserImageMessage",
     "UserMessage",
+    "collapse_repeated_calls",
     "converter",
     "count_message_tokens",
     "count_tokens",
@@ -140,10 +149,13 @@ __all__ = [
     "estimate_request_tokens",
     "events_for_response",
     "loads",
+    "missing_result",
     "nodes_from_output",
+    "normalize_pairing",
     "pairing_problems",
     "parse_tool_arguments",
     "plan_output_schema",
+    "result_owners",
     "structure",
     "unstructure",
 ]

@@ -86,6 +86,12 @@ class RunStop:
     """For PAUSED_BUDGET: which budget ran out (``iterations``, ``wall_clock``, ``tokens``, ``cost``)."""
     error: dict[str, Any] | None = None
     """For failures: :meth:`fsm_agent.errors.ProviderError.to_info` or ``{"kind", "message"}``."""
+    partial: str | None = None
+    """For a model call a provider error cut mid-answer (an ``error`` event after some text, a
+    dropped connection): the text that had streamed, for the user to see. It is **not** part of
+    the conversation (``RunResult.messages``): a resume asks again from the history before it.
+    ``None`` when nothing had streamed, or the stop is not such a failure. (An Interrupt or the
+    wall clock keeps the streamed part in the conversation instead.)"""
 
 
 @frozen

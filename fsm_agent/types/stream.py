@@ -307,8 +307,11 @@ class PartialMessageResponse:
             citations = tuple((b.data or {}).get("citations", ()))
             return TextBlock(text, citations)
         if b.kind == "tool_use":
-            args, raw = parse_tool_arguments("".join(b.parts) if b.parts else None)
+            args_text = "".join(b.parts) if b.parts else None
+            args, raw = parse_tool_arguments(args_text)
             pdata = {k: v for k, v in (b.data or {}).items()} or None
+            if pdata and "arguments_error" in pdata:  # the stream could not be trusted with them: never run
+                args, raw = {}, args_text or ""
             return ToolUseBlock(b.id or "", b.name or "", args, raw, pdata)
         if b.kind == "thinking":
             pdata = {k: v for k, v in (b.data or {}).items() if k not in ("signature", "redacted_data")}

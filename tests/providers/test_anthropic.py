@@ -604,7 +604,8 @@ async def test_follow_up_request_replays_the_decoded_answer(recording: str) -> N
 
 
 async def test_tool_result_without_its_call_is_rejected_as_invalid_history() -> None:
-    """The recorded second request dropped the assistant turn; the API's 400 is InvalidHistoryError."""
+    """The recorded second request dropped the assistant turn. fsm_agent refuses it before sending,
+    with the same InvalidHistoryError the API's recorded 400 maps to."""
     recording = "anthropic/anthropic-sdk-python__tool_result_mismatch_400.json"
     first, second = corpus.exchanges(recording)
     served = [RecordedResponse(ex.status, ex.body, "application/json") for ex in (first, second)]
@@ -622,9 +623,13 @@ async def test_tool_result_without_its_call_is_rejected_as_invalid_history() -> 
         await provider.aclose()
         await server.close()
     assert info.value.retryable is False
-    # two user turns became one message, the tool result first
-    sent = server.requests[1].json()["messages"]
-    assert [(m["role"], [b["type"] for b in m["content"]]) for m in sent] == [("user", ["tool_result", "text"])]
+    assert "toolu_01GHndag5wQmbzNihYmV2UBj" in str(info.value) and "answers no earlier tool call" in str(info.value)
+    assert len(server.requests) == 1  # refused before it was sent
+    # the API's own answer to that request is the same error
+    from fsm_agent.providers.errors import classify_error
+
+    assert isinstance(classify_error(second.status, orjson.loads(second.body), provider="anthropic"),
+                      InvalidHistoryError)
 
 
 # ---------------------------------------------------------------------------- cases B02 / B04

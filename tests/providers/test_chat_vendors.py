@@ -48,6 +48,7 @@ from fsm_agent.types import (
     UserMessage,
 )
 from fsm_agent.types.codec import structure, unstructure
+from fsm_agent.types.pairing import MISSING_RESULT
 
 
 # ----------------------------------------------------------------------------------------- helpers
@@ -630,9 +631,11 @@ def test_an_interrupted_answer_is_kept_unmarked_and_never_the_last_message(kind:
     # any other plain assistant answer at the end is not sent as a prefill either
     plain = wire(p, (UserMessage("hi"), AssistantMessage("Hello")))
     assert plain[-1] == {"role": "user", "content": CONTINUE}
-    # a tool-call turn at the end is not a prefill: nothing added
+    # a tool-call turn at the end is not a prefill: no user turn; its call, never answered, gets the
+    # error result every protocol sends for a call with no recorded result (the wire refuses it bare)
     calls = wire(p, (UserMessage("hi"), AssistantMessage((ToolUseBlock("abcdefghi", "f", {}),))))
-    assert calls[-1]["role"] == "assistant"
+    assert [m["role"] for m in calls] == ["user", "assistant", "tool"]
+    assert calls[-1]["content"] == MISSING_RESULT
 
 
 async def test_a_resumed_stream_after_an_interrupt_is_a_valid_chat_request() -> None:
