@@ -33,7 +33,8 @@ from attrs import evolve
 
 from .chain import MiddlewareChain
 from .control import Cancel, Decision, Followup, Interrupt, LoopControl, Steer
-from .errors import ChainError, ResumeError, SessionBusyError, SessionEndedError, SessionExistsError
+from .errors import (ChainError, ReplayDivergence, ResumeError, SessionBusyError, SessionEndedError,
+                     SessionExistsError)
 from .hooks import HookBus
 from .config import RunConfig
 from .machine.definition import MachineState
@@ -199,6 +200,8 @@ class Agent:
     async def _release(self, port: EffectPort, session_id: str) -> None:
         try:
             await port.store.release_lease(session_id, self.worker_id)
+        except ReplayDivergence:
+            raise
         except Exception:  # noqa: BLE001 - the lease expires on its own
             pass
 

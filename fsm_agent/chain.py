@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from attrs import evolve
 
-from .errors import ChainError, MiddlewareError, ProviderError, Signal
+from .errors import ChainError, MiddlewareError, ProviderError, ReplayDivergence, Signal
 from .middleware import (
     ASYNC_ONLY,
     HOOKS,
@@ -256,7 +256,7 @@ class MiddlewareChain:
         for h in self._events:
             try:
                 out = h.fn(out, ctx)
-            except Signal:  # StopRun from on_model_event ends the run as from any other hook
+            except (Signal, ReplayDivergence):  # StopRun from on_model_event ends the run as from any other hook
                 raise
             except Exception as exc:
                 if h.isolate:
@@ -299,7 +299,7 @@ async def _call(h: _Hook, hook: str, *args: Any) -> Any:
         if h.is_async:
             result = await result
         return result
-    except Signal:
+    except (Signal, ReplayDivergence):
         raise
     except Exception as exc:
         if h.isolate:
@@ -333,7 +333,7 @@ def _layer(h: _Hook, hook: str, nxt: Composed[Any, Any]) -> Composed[Any, Any]:
 
         try:
             return await fn(arg, call_next, ctx)
-        except (Signal, ProviderError, MiddlewareError):
+        except (Signal, ProviderError, MiddlewareError, ReplayDivergence):
             raise
         except Exception as exc:
             if h.isolate and not entered:

@@ -107,7 +107,8 @@ class Journal:
 
     def checkpoint(self, run: RunState, safe_point: str) -> Checkpoint:
         """A checkpoint of ``run`` (the whole state) at the last buffered seq; commit it with :meth:`flush`."""
-        return Checkpoint(self.port.new_id(), self.session_id, self.next_seq - 1, safe_point, unstructure(run))
+        return Checkpoint(self.port.new_id(), self.session_id, self.next_seq - 1, safe_point, unstructure(run),
+                          self.port.now())
 
     async def ledger(self, *entries: LedgerEntry, durable: bool = True) -> None:
         """Write ledger entries (and buffered events) durably now, or, with ``durable=False``, with the
