@@ -464,7 +464,7 @@ def _run_placed(seed: int, placements: Sequence[tuple[str, str, str, int, int]],
     """Place, compact twice, and say per prohibition ``(phrasing, kind, context, survived,
     summarised)`` (summarised: its message ended up inside a committed summary's range); and the
     consistency problems of the final view."""
-    from fsm_agent_middleware._constraints import fold, key
+    from fsm_agent_middleware.compaction.constraints import fold, key
     from fsm_agent_middleware.compaction import extract_essentials
 
     conv = random_conversation(random.Random(seed), turns=(3, 7), steps=(1, 3), big_results=0.1, compacted=0.15)

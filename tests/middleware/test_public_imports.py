@@ -27,7 +27,8 @@ re-exported from ``fsm_agent``."""
 THIRD_PARTY = frozenset({"attrs", "orjson"})
 """Declared dependencies (setup.cfg ``install_requires``) the plugins may use."""
 
-MODULES = sorted(PLUGINS.glob("*.py"))
+MODULES = sorted(PLUGINS.rglob("*.py"))
+"""Every module of the plugins, those of their subpackages (``compaction/``) too."""
 
 
 def _imports(tree: ast.Module) -> list[tuple[int, str, list[str]]]:
@@ -49,11 +50,11 @@ def test_there_are_plugins_to_check() -> None:
     assert len(MODULES) >= 9, MODULES
 
 
-@pytest.mark.parametrize("path", MODULES, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: p.relative_to(PLUGINS).as_posix())
 def test_plugin_imports_only_the_public_api(path: Path) -> None:
     problems = []
     for line, module, names in _imports(ast.parse(path.read_text(), str(path))):
-        where = f"{path.name}:{line}"
+        where = f"{path.relative_to(PLUGINS).as_posix()}:{line}"
         top = module.split(".")[0]
         if module.startswith("."):
             continue  # a sibling plugin module: checked on its own

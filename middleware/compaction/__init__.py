@@ -121,9 +121,9 @@ from fsm_agent.types import (
 )
 from fsm_agent.types import pairing_problems as _pairing_problems
 
-from ._constraints import fold, holds
-from ._constraints import key as item_key
-from ._constraints import read as read_constraints
+from .constraints import fold, holds
+from .constraints import key as item_key
+from .constraints import read as read_constraints
 
 __all__ = [
     "Attempt", "Compacted", "Compaction", "CompactionFailed", "CompactionFailedEvent", "CompactionOptions",
