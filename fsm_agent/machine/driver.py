@@ -10,9 +10,10 @@ per outcome, with the bookkeeping that goes with each (checkpoint, stop record, 
 Every effect goes through the run's :class:`~.port.EffectPort`; the driver is the host the phases
 run on, and holds nothing a replay could not rebuild.
 
-Model and MidTurn run as tasks that a control (through the port's watch) or a signal (through
-:meth:`Driver.interrupt`) can cancel, so an Interrupt or Cancel stops a stream or a tool
-mid-flight. Middleware ``call_next`` chains stay inside one task (``contextvars`` hold).
+Model and MidTurn (and plugins' side calls) run so that a control (through the port's watch) or a
+signal (through :meth:`Driver.interrupt`) can cut them: the run's own task is cancelled while it
+awaits them (as :func:`asyncio.timeout` does; no task per phase), so an Interrupt or Cancel stops a
+stream or a tool mid-flight. Middleware ``call_next`` chains stay inside one task (``contextvars`` hold).
 
 The result always names a StopReason. The driver lets out only ``asyncio.CancelledError`` (after
 recording INTERRUPTED), :class:`~fsm_agent.errors.LeaseLost` (another worker owns the session now)
@@ -110,7 +111,8 @@ class Driver:
             Phase.PRE_TURN: PreTurn(self, self.controls), Phase.MODEL: ModelPhase(self, self.controls),
             Phase.MID_TURN: MidTurn(self), Phase.POST_TURN: PostTurn(self, self.controls)}
         self.stop: RunStop | None = None
-        self._phase_task: asyncio.Task[Any] | None = None
+        self._cutting: asyncio.Task[Any] | None = None
+        """The run's task while it awaits work a control may cut (a phase, a side call)."""
         self._control_hit = False
         self._control_pending = False
         """A control cut a side call and the middleware that made it went on anyway (it caught the
@@ -170,31 +172,46 @@ class Driver:
         return taken
 
     async def interruptible(self, work: Awaitable[T], *, side_call: bool = False) -> T:
-        if self._phase_task is not None or (self.journal is None and self._local_interrupt is None
-                                            and not self._control_pending):
-            return await work  # inside Model/MidTurn the phase's task carries the cut
-        task = asyncio.ensure_future(work)
-        self._phase_task = task
+        if self._cutting is not None or (self.journal is None and self._local_interrupt is None
+                                         and not self._control_pending):
+            return await work  # inside Model/MidTurn the phase is cut as a whole
         if self._local_interrupt is not None or self._control_pending:
             # a signal landed between phases, or a control already cut a side call: this does not start
-            self._control_hit = True
-            task.cancel()
+            if asyncio.iscoroutine(work):
+                work.close()
+            if side_call:
+                self._control_pending = True
+            raise ControlCut()
+        # The cut cancels the run's own task while it awaits ``work`` (as asyncio.timeout does): no
+        # task per phase. A cancel from outside at the same time stays a cancel.
+        task = asyncio.current_task()
+        assert task is not None
+        self._cutting = task
+        self._control_hit = False
         try:
-            return await task
+            result = await work
         except asyncio.CancelledError:
-            if self._lease_failed is not None and task.cancelled():
+            ours = self._control_hit or self._lease_failed is not None
+            if not ours or task.uncancel() > 0:
+                raise
+            if self._lease_failed is not None:
                 raise LeaseLost(self._lease_failed) from None
-            if self._control_hit and task.cancelled():
-                self._control_hit = False
-                if side_call:
-                    self._control_pending = True  # honoured even if the middleware catches the signal
-                raise ControlCut() from None
-            if not task.done():
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
-            raise
+            self._control_hit = False
+            if side_call:
+                self._control_pending = True  # honoured even if the middleware catches the signal
+            raise ControlCut() from None
         finally:
-            self._phase_task = None
+            self._cutting = None
+        if self._control_hit or self._lease_failed is not None:
+            # the cut was delivered and something inside swallowed it: the control still wins
+            task.uncancel()
+            if self._lease_failed is not None:
+                raise LeaseLost(self._lease_failed)
+            self._control_hit = False
+            if side_call:
+                self._control_pending = True
+            raise ControlCut()
+        return result
 
     async def side_call(self, request: MessageRequest, provider: Provider | None = None, *,
                         account: bool = False) -> MessageResponse:
@@ -317,12 +334,12 @@ class Driver:
             raise RuntimeError(f"driver reached unexpected state {state!r}")
         work = phase.run()
         if state is Phase.MODEL or state is Phase.MID_TURN:
-            work = self._in_phase_task(work)
+            work = self._cuttable(work)
         outcome = await self._outcome_of(work)
         assert outcome is not None
         return outcome
 
-    async def _in_phase_task(self, work: Awaitable[Outcome]) -> Outcome:
+    async def _cuttable(self, work: Awaitable[Outcome]) -> Outcome:
         if self.journal is None and self._local_interrupt is None and not self._control_pending:
             return await work
         return await self.interruptible(work)
@@ -380,16 +397,17 @@ class Driver:
 
     def _on_control(self) -> None:
         """The port saw an Interrupt or a Cancel queued (or a signal came): cut the phase in flight."""
-        task = self._phase_task
-        if task is not None and not task.done():
+        task = self._cutting
+        if task is not None and not task.done() and not self._control_hit:
             self._control_hit = True
             task.cancel()
 
     def _on_lost(self, reason: str) -> None:
         """The port could not keep the lease: stop driving before another worker may take over."""
+        first = self._lease_failed is None
         self._lease_failed = reason
-        task = self._phase_task
-        if task is not None and not task.done():
+        task = self._cutting
+        if first and task is not None and not task.done() and not self._control_hit:
             task.cancel()
 
     # -- the result --------------------------------------------------------------------------------

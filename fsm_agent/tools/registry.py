@@ -240,6 +240,68 @@ def _validator(parameters: dict[str, Any], where: str) -> Any:
     return offline_validator(cls, parameters)
 
 
+_PLAIN_TYPES: dict[str, Callable[[Any], bool]] = {
+    "string": lambda v: isinstance(v, str),
+    "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
+    "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+    "boolean": lambda v: isinstance(v, bool),
+    "null": lambda v: v is None,
+    "array": lambda v: isinstance(v, list),
+    "object": lambda v: isinstance(v, dict),
+}
+_ANNOTATIONS = frozenset({"description", "title", "default", "examples", "deprecated", "readOnly", "writeOnly",
+                          "$comment"})
+
+
+def _fast_checker(schema: Any) -> Callable[[Mapping[str, Any]], bool] | None:
+    """A quick sufficient check for the common tool schema (an object of named properties of plain
+    types, some required, no others allowed): ``True`` means valid; ``False`` means "ask jsonschema"
+    (which also words the errors). ``None`` when the schema uses anything else."""
+    if not isinstance(schema, dict) or schema.get("type") != "object":
+        return None
+    if set(schema) - {"type", "properties", "required", "additionalProperties"} - _ANNOTATIONS:
+        return None
+    props = schema.get("properties") or {}
+    required = schema.get("required") or []
+    extra = schema.get("additionalProperties", True)
+    if not isinstance(props, dict) or not isinstance(required, list) or not isinstance(extra, bool):
+        return None
+    checks: dict[str, Callable[[Any], bool] | None] = {}
+    for name, sub in props.items():
+        if not isinstance(sub, dict) or set(sub) - {"type", "enum"} - _ANNOTATIONS:
+            return None
+        t = sub.get("type")
+        types = [t] if isinstance(t, str) else t if isinstance(t, list) and t else None
+        if types is None and t is not None or types is not None and not all(x in _PLAIN_TYPES for x in types):
+            return None
+        if "enum" in sub:
+            return None
+        tests = [_PLAIN_TYPES[x] for x in types] if types is not None else None
+        checks[name] = None if tests is None else (tests[0] if len(tests) == 1 else
+                                                   lambda v, tests=tests: any(f(v) for f in tests))
+    req = tuple(str(r) for r in required)
+
+    def check(arguments: Mapping[str, Any]) -> bool:
+        if not isinstance(arguments, dict):
+            return False
+        for r in req:
+            if r not in arguments:
+                return False
+        for k, v in arguments.items():
+            test = checks.get(k, _MISSING)
+            if test is _MISSING:
+                if not extra:
+                    return False
+            elif test is not None and not test(v):
+                return False
+        return True
+
+    return check
+
+
+_MISSING: Any = object()
+
+
 class Tool:
     """A callable tool: definition (name, description, schema), the function, timeout and effect.
 
@@ -248,7 +310,8 @@ class Tool:
     """
 
     __slots__ = ("name", "description", "parameters", "fn", "is_async", "timeout", "effect", "blocking",
-                 "_validator", "_context_param", "_param_names", "reconcile", "compensate", "strict", "resumable")
+                 "_validator", "_fast_check", "_definition", "_context_param", "_param_names", "reconcile", "compensate",
+                 "strict", "resumable")
 
     def __init__(
         self,
@@ -293,6 +356,8 @@ class Tool:
                     self._context_param = p.name
         self.parameters = parameters
         self._validator = _validator(parameters, f"tool {self.name!r}")
+        self._fast_check = _fast_checker(parameters)
+        self._definition: tuple[tuple[Any, ...], ToolDefinition] | None = None
 
     def _schema_from_signature(self, fn: Callable[..., Any], docs: dict[str, str]) -> dict[str, Any]:
         sig = inspect.signature(fn)
@@ -324,8 +389,13 @@ class Tool:
 
     @property
     def definition(self) -> ToolDefinition:
-        """What the model sees."""
-        return ToolDefinition(self.name, self.description, self.parameters, self.strict)
+        """What the model sees (one frozen value while the tool's fields stay as they are: the
+        runtime converts it once per run, not once per turn)."""
+        key = (self.name, self.description, id(self.parameters), self.strict)
+        cached = self._definition
+        if cached is None or cached[0] != key:
+            cached = self._definition = (key, ToolDefinition(self.name, self.description, self.parameters, self.strict))
+        return cached[1]
 
     def validate(self, arguments: Mapping[str, Any]) -> None:
         """Check ``arguments`` against the schema.
@@ -334,6 +404,9 @@ class Tool:
             ToolArgumentsError: every violation, with its JSON path, in one message; or the schema
                 cannot be evaluated for these arguments (a ``$ref`` cycle that never ends).
         """
+        fast = self._fast_check
+        if fast is not None and fast(arguments):
+            return  # a flat schema of plain types, and these arguments meet it: no need for jsonschema
         try:
             errors = sorted(self._validator.iter_errors(arguments), key=lambda e: list(e.path))
         except Exception as exc:  # noqa: BLE001 - a schema that cannot be evaluated (a $ref cycle ...)
