@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Any
 
+import orjson
 from attrs import define, field
 
 from ..store.base import Checkpoint, EventRecord, LedgerEntry, LedgerStatus, Store, WriteBatch
@@ -32,7 +33,36 @@ from .state import RunState
 if TYPE_CHECKING:
     from .port import EffectPort
 
-__all__ = ["Journal", "ledger_entry"]
+__all__ = ["FormCache", "Journal", "ledger_entry"]
+
+
+class FormCache:
+    """The converted forms of the frozen values a run writes more than once (a message in its
+    ``message`` event and in every request's context hash; a tool result in the ledger and in the
+    transcript): each is converted once per run segment. Forms are shared: read them, never change
+    them."""
+
+    __slots__ = ("_forms", "_json")
+
+    def __init__(self) -> None:
+        self._forms: dict[int, tuple[Any, Any]] = {}
+        self._json: dict[int, tuple[Any, bytes]] = {}
+
+    def of(self, obj: Any) -> Any:
+        """``unstructure(obj)``, converted once."""
+        hit = self._forms.get(id(obj))
+        if hit is None or hit[0] is not obj:
+            hit = (obj, unstructure(obj))
+            self._forms[id(obj)] = hit
+        return hit[1]
+
+    def json(self, obj: Any) -> bytes:
+        """``orjson.dumps(unstructure(obj))``, encoded once."""
+        hit = self._json.get(id(obj))
+        if hit is None or hit[0] is not obj:
+            hit = (obj, orjson.dumps(self.of(obj)))
+            self._json[id(obj)] = hit
+        return hit[1]
 
 
 @define
@@ -53,6 +83,8 @@ class Journal:
     session_id: str
     next_seq: int
     owner: str | None = None
+    forms: FormCache = field(factory=FormCache)
+    """Converted forms of the messages and results this journal writes (see :class:`FormCache`)."""
     buffer: list[EventRecord] = field(factory=list)
     queued_ledger: dict[str, LedgerEntry] = field(factory=dict)
     """Ledger entries that may wait for the next commit (see :meth:`ledger`)."""
@@ -77,7 +109,7 @@ class Journal:
 
     def message(self, message: Message, turn: int) -> int:
         """Buffer a ``message`` event; returns its seq."""
-        return self.record("message", {"message": unstructure(message)}, turn)
+        return self.record("message", {"message": self.forms.of(message)}, turn)
 
     async def flush(self, *, checkpoint: Checkpoint | None = None, ledger: tuple[LedgerEntry, ...] = (),
                     state: str | None = None, stop: dict[str, Any] | None = None) -> None:
@@ -121,8 +153,9 @@ class Journal:
 
 
 def ledger_entry(session_id: str, turn: int, call: ToolUseBlock, status: LedgerStatus, *, effect: str = "pure",
-                 result: ToolResultMessage | None = None, now: float) -> LedgerEntry:
+                 result: ToolResultMessage | None = None, now: float, forms: FormCache | None = None) -> LedgerEntry:
     """The ledger entry of ``call`` in ``status`` at ``now`` (Unix seconds; its idempotency key is stable
-    across resumes)."""
+    across resumes); ``forms``: where the result's converted form may already be."""
+    form = None if result is None else forms.of(result) if forms is not None else unstructure(result)
     return LedgerEntry(session_id, call.id, call.name, dict(call.input), idempotency_key(session_id, call.id),
-                       effect, status, turn, unstructure(result) if result is not None else None, now)
+                       effect, status, turn, form, now)

@@ -61,11 +61,11 @@ class ToolLedger:
                      *, durable: bool | None = None) -> None:
         """Record ``call`` in ``status`` (see the module doc for when it is written; ``durable`` forces it)."""
         effect = self.effect(call)
+        j = self.journal
         entry = ledger_entry(self.session_id, self.run.turn, call, status, effect=effect.value, result=result,
-                             now=self.port.now())
+                             now=self.port.now(), forms=j.forms if j is not None else None)
         self.entries[call.id] = entry
         self.turns.observe(call, status, result)
-        j = self.journal
         if j is None:
             return
         j.record("tool_call", {"call_id": call.id, "tool": call.name, "status": status.value}, self.run.turn)

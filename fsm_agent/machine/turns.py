@@ -3,7 +3,7 @@
 A :class:`~fsm_agent.types.TurnRecord` holds the turn's input event, a hash and seq of exactly what
 the model was sent, the model call with its cost, the tool calls, their observations, the
 verification and the stop reason. The request hash is of the request's converted form; messages
-are frozen, so only the ones new to this request are converted each turn.
+are frozen, so only the ones new to this request are converted (and hashed) each turn.
 """
 
 from __future__ import annotations
@@ -21,10 +21,12 @@ from ..types.content import ToolUseBlock
 from ..types.messages import Message, ToolResultMessage
 from ..types.requests import MessageRequest
 from ..types.run import ContextRef, TurnRecord
-from .journal import Journal
+from .journal import FormCache, Journal
 from .state import RunState
 
 __all__ = ["TurnRecorder"]
+
+_EMPTY_MESSAGES = b'"messages":[]'
 
 
 class TurnRecorder:
@@ -32,7 +34,7 @@ class TurnRecorder:
     when the run is journaled)."""
 
     __slots__ = ("journal", "run", "session_id", "current", "last_message_seq", "transition_seq", "verdict",
-                 "_sent_forms", "_tool_forms")
+                 "forms", "_sent", "_tool_forms")
 
     def __init__(self, journal: Journal | None, run: RunState, session_id: str) -> None:
         self.journal = journal
@@ -46,7 +48,10 @@ class TurnRecorder:
         """Seq of the last ``transition`` event (the input of a turn resumed in MidTurn)."""
         self.verdict: str | None = None
         """PostTurn's verdict, for the record of the turn that ends the run."""
-        self._sent_forms: dict[int, tuple[Message, Any]] = {}
+        self.forms = journal.forms if journal is not None else FormCache()
+        """Converted and encoded forms of the messages (shared with the journal)."""
+        self._sent: tuple[bytes, tuple[Message, ...], Any] | None = None
+        """The last request's head, messages and the hash state after them."""
         self._tool_forms: tuple[tuple[int, ...], Any, Any] | None = None
 
     def start(self, request: MessageRequest) -> None:
@@ -55,31 +60,38 @@ class TurnRecorder:
         if j is None:
             self.current = None
             return
-        digest = hashlib.sha256(orjson.dumps(self.request_data(request))).hexdigest()
         self.current = {"turn": self.run.turn, "input_seq": self.last_message_seq,
-                        "context": ContextRef(digest, j.next_seq - 1, len(request.messages))}
+                        "context": ContextRef(self.digest(request), j.next_seq - 1, len(request.messages))}
 
-    def request_data(self, request: MessageRequest) -> dict[str, Any]:
-        """``unstructure(request)``, the messages' forms kept from the turn before (same value, so the
-        same context hash)."""
-        sent = self._sent_forms
-        forms: list[Any] = []
-        kept: dict[int, tuple[Message, Any]] = {}
-        for m in request.messages:
-            hit = sent.get(id(m))
-            if hit is None or hit[0] is not m:
-                hit = (m, unstructure(m, Message))
-            kept[id(m)] = hit
-            forms.append(hit[1])
-        self._sent_forms = kept
+    def digest(self, request: MessageRequest) -> str:
+        """``sha256(orjson.dumps(unstructure(request)))`` as hex, computed without converting or hashing
+        the whole conversation again each turn: each message is encoded once, and the hash state after
+        the messages the last request shared with this one (by identity, as the transcript grows) is
+        carried on, so a call costs what its new messages cost."""
         data: dict[str, Any] = unstructure(evolve(request, messages=(), tools=()))
-        data["messages"] = forms
         if request.tools:  # the same definitions every turn: converted once
             key = tuple(map(id, request.tools))
             if self._tool_forms is None or self._tool_forms[0] != key:
                 self._tool_forms = (key, unstructure(request.tools), request.tools)
             data["tools"] = self._tool_forms[1]
-        return data
+        raw = orjson.dumps(data)
+        at = raw.index(_EMPTY_MESSAGES) + len(_EMPTY_MESSAGES) - 1  # only "model" (a string) comes first
+        head, tail = raw[:at], raw[at:]
+        msgs = request.messages
+        last = self._sent
+        if last is not None and last[0] == head and len(last[1]) <= len(msgs) and all(
+                a is b for a, b in zip(last[1], msgs)):
+            state, done = last[2].copy(), len(last[1])
+        else:
+            state, done = hashlib.sha256(head), 0
+        encode = self.forms.json
+        for i in range(done, len(msgs)):
+            if i:
+                state.update(b",")
+            state.update(encode(msgs[i]))
+        self._sent = (head, msgs, state.copy())
+        state.update(tail)
+        return state.hexdigest()
 
     @property
     def context(self) -> ContextRef | None:
