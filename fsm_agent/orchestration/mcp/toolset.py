@@ -1,109 +1,38 @@
-"""MCP tools: the tools of a Model Context Protocol server as fsm_agent tools.
-
-Needs the optional ``mcp`` extra (``pip install "fsm-agent[mcp]"``, the official ``mcp`` 2.x SDK);
-``import fsm_agent`` never imports it, and this module imports it only when a toolset is made.
-
-::
-
-    async with mcp_tools(["python", "-m", "my_server"], prefix="fs") as fs:
-        agent = Agent(provider, tools=[*fs, my_local_tool])
-        result = await agent.run("...")
-
-**Servers.** ``server`` is an ``http(s)://`` URL (Streamable HTTP), a command line as a list of
-strings or a ``StdioServerParameters`` (a subprocess spoken to over stdin/stdout), an in-process
-``MCPServer`` / low-level ``Server`` (no subprocess), or any ``mcp`` client ``Transport``.
-
-**Lifecycle.** :meth:`MCPToolset.connect` (or ``async with``) starts the server or opens the
-connection, performs the MCP handshake and lists the tools once: the tools are a snapshot, with
-stable names, so an agent built from them (and a session resumed later with a toolset made the
-same way) sees the same tool names. :meth:`MCPToolset.close` ends the connection (and the
-subprocess). The connection lives in a task of its own, so ``connect`` and ``close`` may be called
-from different tasks, and a transport that fails (a killed server, a dropped HTTP connection)
-fails only the calls in flight, as tool errors, never the run that made them. After a lost
-connection the next call reconnects (``reconnect=True``). A call that finds the connection closed
-before anything was written is sent on the new one whatever its effect; a call that lost its
-connection mid-flight is sent once more only if it is ``pure`` or ``idempotent``, never a
-``side_effect`` call.
-
-**Mapping** (details and tables in ``docs/mcp.md``):
-
-* ``inputSchema`` → :attr:`~fsm_agent.tools.Tool.parameters`, checked as a JSON Schema (every ``$ref``
-  resolved within it: nothing is ever fetched) when the
-  toolset connects; every call's arguments are validated before they are sent, so the server never
-  sees arguments that break its schema (the model gets the usual ``invalid_arguments`` result).
-* annotations → :class:`~fsm_agent.tools.ToolEffect`: ``readOnlyHint`` → ``pure``;
-  ``idempotentHint`` → ``idempotent``; anything else, or no annotations → ``side_effect``
-  (``effects=`` overrides per tool; ``trust_annotations=False`` ignores the server's hints).
-* result ``isError`` → an error tool result carrying the server's content, its text in place of
-  any ``structuredContent`` whatever ``prefer_structured`` says
-  (:class:`~fsm_agent.errors.ToolError`, ``metadata["error"] == "mcp_tool_error"``).
-* an answer that is no ``tools/call`` result (``"result": null``, a list, no ``content`` ...) → an
-  error tool result "the server answered with an invalid result: ..." (``mcp_invalid_result``), at
-  once: the transport's messages are read on their way to the SDK, which would drop such an
-  answer and leave the call waiting for its timeout.
-* content: text → :class:`~fsm_agent.types.TextBlock`; image → :class:`~fsm_agent.types.ImageBlock`
-  (PNG, JPEG, GIF or WebP, base64, at most 5 MB; else a text note);
-  ``structuredContent`` → its JSON as text when there is no content (or always, in place of the
-  text blocks, with ``prefer_structured=True``); an
-  embedded text resource → its text under a ``[resource <uri>]`` line; an image blob resource → an
-  image; other blobs, audio and resource links → a one-line text note; text past
-  ``max_result_chars`` (100,000) is cut, with a note.
-* every call carries its idempotency key (the same on every resume of the call) as
-  ``_meta["fsm-agent/idempotency-key"]``.
-* progress notifications → :meth:`~fsm_agent.tools.ToolContext.report_progress` (``ToolProgress``
-  events, logged as ``tool_progress``).
-* cancelling the call (a Cancel or Interrupt of the run, a timeout) cancels the MCP request: the
-  SDK sends ``notifications/cancelled`` (or, in process, cancels the handler directly).
-
-Not supported: server requests to the client (sampling, elicitation, roots), resources and
-prompts as tools, and following ``tools/list_changed`` (reconnecting lists the tools again, and a
-tool the server no longer offers answers with an error).
-"""
+"""The toolset of one MCP server: its options, the connection's lifecycle (connect, the task that
+owns the SDK session, close, reconnect after a lost connection) and each call (sent once, or once
+more when a lost connection cannot have mattered; failures mapped to error results the model reads).
+The behaviour is described in the package docstring."""
 
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import contextlib
-import hashlib
 import logging
 import re
 import shlex
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, cast
 
-import orjson
-
-from ..errors import ConfigurationError, ToolDefinitionError, ToolError
-from ..tools.registry import DEFAULT_TOOL_TIMEOUT, Tool, ToolContext, ToolEffect
-from ..types.content import ContentBlock, ImageBlock, TextBlock
+from ...errors import ConfigurationError, ToolDefinitionError, ToolError
+from ...tools.registry import DEFAULT_TOOL_TIMEOUT, ToolContext, ToolEffect
+from .answers import CheckedTransport, invalid_answer
+from .content import result_value
+from .tool import NAME_RULE, PREFIX_RULE, MCPTool, effect_from_annotations, local_name
 
 if TYPE_CHECKING:
     from mcp import Client
     from mcp.types import CallToolResult, RequestParamsMeta
     from mcp.types import Tool as MCPToolSpec
 
-__all__ = ["DEFAULT_MAX_RESULT_CHARS", "IDEMPOTENCY_META_KEY", "IMAGE_TYPES", "MAX_IMAGE_BYTES", "MCPConnectionError",
-           "MCPTool", "MCPToolset", "content_blocks", "effect_from_annotations", "mcp_tools"]
+__all__ = ["DEFAULT_MAX_RESULT_CHARS", "IDEMPOTENCY_META_KEY", "MCPConnectionError", "MCPToolset", "mcp_tools"]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger(__package__)  # "fsm_agent.orchestration.mcp", as before the package
 
 _INSTALL = 'pip install "fsm-agent[mcp]"'
-_NAME_RULE = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
-_PREFIX_RULE = re.compile(r"^[a-zA-Z0-9_-]{1,32}$")
-_NOT_IN_NAME = re.compile(r"[^a-zA-Z0-9_-]")
-_CONTEXT_PARAM = "_fsm_agent_tool_context"
 _LIST_PAGES = 100
 """At most this many ``tools/list`` pages are read (a paginating server that never ends cannot hang connect)."""
 _CLOSE_WAIT = 10.0
 """Seconds :meth:`MCPToolset.close` waits for the transport to shut down before cancelling it."""
-IMAGE_TYPES = frozenset({"image/png", "image/jpeg", "image/gif", "image/webp"})
-"""The image media types an MCP result's image may have to reach the model as an image (what the
-providers' APIs take); any other becomes a text note."""
-MAX_IMAGE_BYTES = 5 * 1024 * 1024
-"""The largest image (decoded bytes) that reaches the model as an image (the smallest provider
-limit, Anthropic's 5 MB); a larger one becomes a text note."""
 DEFAULT_MAX_RESULT_CHARS = 100_000
 """``MCPToolset(max_result_chars=)``'s default: the text of one result the model reads at most."""
 IDEMPOTENCY_META_KEY = "fsm-agent/idempotency-key"
@@ -127,35 +56,6 @@ def _require_mcp() -> None:
     except ImportError as exc:
         raise ConfigurationError(f"MCP tools need the 'mcp' package (the official MCP SDK, 2.x): {_INSTALL}"
                                  ) from exc
-
-
-def effect_from_annotations(annotations: Any, *, trust: bool = True) -> ToolEffect:
-    """The :class:`~fsm_agent.tools.ToolEffect` of an MCP tool from its ``ToolAnnotations`` (or ``None``).
-
-    ``readOnlyHint`` true → ``pure``; else ``idempotentHint`` true → ``idempotent``; else
-    ``side_effect`` (the MCP defaults: not read-only, possibly destructive, not idempotent). With
-    ``trust=False`` every tool is ``side_effect``: the MCP specification says hints from an
-    untrusted server must not drive decisions, and ``side_effect`` is the one effect a resume never
-    repeats silently.
-    """
-    if not trust or annotations is None:
-        return ToolEffect.SIDE_EFFECT
-    if getattr(annotations, "read_only_hint", None) is True:
-        return ToolEffect.PURE
-    if getattr(annotations, "idempotent_hint", None) is True:
-        return ToolEffect.IDEMPOTENT
-    return ToolEffect.SIDE_EFFECT
-
-
-def _local_name(prefix: str | None, remote: str) -> str:
-    """``prefix_remote`` with characters outside ``[a-zA-Z0-9_-]`` made ``_``; past 64 characters,
-    cut and given 8 hex digits of the remote name's SHA-256 (stable across runs and processes)."""
-    name = _NOT_IN_NAME.sub("_", remote)
-    if prefix:
-        name = f"{prefix}_{name}"
-    if len(name) > 64:
-        name = name[:55] + "_" + hashlib.sha256(remote.encode()).hexdigest()[:8]
-    return name
 
 
 def _describe(server: Any) -> str:
@@ -222,212 +122,10 @@ class _Connection:
         self.stray = ""
         """The start of the latest of them."""
 
-
-_INVALID_MARK = "fsm-agent/invalid-answer"
-"""``ErrorData.data`` key of the error :class:`_CheckedReads` puts in place of an answer the SDK could
-not parse; its value says what was wrong."""
-
-
-def _cut_text(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[:limit] + "..."
-
-
-def _brief(value: Any, limit: int = 200) -> str:
-    """``value`` as compact JSON, cut to ``limit`` characters."""
-    try:
-        text = orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS, default=repr).decode()
-    except orjson.JSONEncodeError:
-        text = repr(value)
-    return _cut_text(text, limit)
-
-
-def _what_is_wrong(message: Mapping[str, Any]) -> str:
-    """What makes ``message`` (a response the SDK could not parse) no JSON-RPC response."""
-    if "error" in message:
-        return f"its 'error' is {_brief(message['error'])}, not an object with a code and a message"
-    if "result" not in message:
-        return "it has neither a 'result' nor an 'error'"
-    result = message["result"]
-    if not isinstance(result, dict):
-        return f"its 'result' is {_brief(result)}, not an object"
-    return f"it is not a JSON-RPC 2.0 response ({_brief(message)})"
-
-
-_PYDANTIC_ERROR = re.compile(r"^(?:(?P<loc>\S.*)\n)?  (?P<msg>.+?) \[type=(?P<type>\w+)"
-                             r"(?:, input_value=(?P<input>.*), input_type=\w+)?\]$", re.MULTILINE)
-
-
-def _from_repr(text: str | None) -> str:
-    """The Python literal ``text`` (pydantic's ``input_value``) as compact JSON, else as it is."""
-    import ast
-
-    try:
-        return _brief(ast.literal_eval(text or ""))
-    except (ValueError, SyntaxError, MemoryError, RecursionError):
-        return _cut_text(text or "", 200)
-
-
-def _unparsed_answer(text: str) -> str:
-    """What was wrong with an answer the SDK's HTTP client could not parse as JSON-RPC, from the
-    text of its error (``Failed to parse JSON response: <pydantic ValidationError>``)."""
-    detail = text.partition(": ")[2] or text
-    found = {m["loc"] or "": m for m in _PYDANTIC_ERROR.finditer(detail)}
-    bad = next((m for m in found.values() if m["type"] == "json_invalid"), None)
-    if bad is not None:
-        import ast
-
-        try:
-            raw = ast.literal_eval(bad["input"] or "")
-            text = raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)
-        except (ValueError, SyntaxError, MemoryError, RecursionError):
-            text = bad["input"] or ""
-        return f"it is not JSON ({bad['msg']}): {_cut_text(text, 120)!r}"
-    result, error = found.get("JSONRPCResponse.result"), found.get("JSONRPCError.error")
-    if result is not None and error is not None:
-        if result["type"] != "missing":
-            return f"its 'result' is {_from_repr(result['input'])}, not an object"
-        if error["type"] != "missing":
-            return f"its 'error' is {_from_repr(error['input'])}, not an object with a code and a message"
-        return "it has neither a 'result' nor an 'error'"
-    return _cut_text(detail.split("\n")[0], 200)
-
-
-def _validation_summary(exc: Any) -> str:
-    """A pydantic ``ValidationError`` in one line: up to three ``field: problem`` parts (for a
-    ``tools/call`` result, the ``CallToolResult`` reading's)."""
-    errors = exc.errors(include_url=False)
-    chosen = [e for e in errors if e["loc"][:1] == ("CallToolResult",)] or errors
-    parts: list[str] = []
-    for e in chosen:
-        loc = ".".join(str(x) for x in e["loc"] if x != "CallToolResult")
-        part = f"{loc or 'the result'}: {e['msg']} (got {_brief(e.get('input'), 80)})"
-        if part not in parts:
-            parts.append(part)
-    more = f" and {len(parts) - 3} more problem(s)" if len(parts) > 3 else ""
-    return "; ".join(parts[:3]) + more
-
-
-class _CheckedReads:
-    """The read stream of an MCP transport, with one change: a message the SDK could not parse
-    that answers a request (it has an ``id`` and no ``method``: ``"result": null``, a list, no
-    result at all ...) becomes a JSON-RPC error for that request, marked :data:`_INVALID_MARK`.
-    The SDK itself drops such a message, and the call waits until it times out. A message that
-    names no request is counted on the connection (``strays``) and passed on as the SDK does."""
-
-    def __init__(self, inner: Any, conn: _Connection) -> None:
-        self._inner = inner
-        self._conn = conn
-
-    def __getattr__(self, name: str) -> Any:  # last_context and whatever else the SDK reads
-        return getattr(self._inner, name)
-
-    def _check(self, item: Any) -> Any:
-        if not isinstance(item, Exception) or not hasattr(item, "errors"):
-            return item
-        from mcp.shared.message import SessionMessage
-        from mcp.types import INTERNAL_ERROR, ErrorData, JSONRPCError
-
-        try:
-            inputs = [e.get("input") for e in item.errors(include_url=False)]
-        except Exception:  # noqa: BLE001 - not a pydantic error after all
-            return item
-        for value in inputs:
-            if isinstance(value, dict) and "method" not in value:
-                rid = value.get("id")
-                if isinstance(rid, (int, str)) and not isinstance(rid, bool):
-                    what = _what_is_wrong(value)
-                    return SessionMessage(JSONRPCError(jsonrpc="2.0", id=rid, error=ErrorData(
-                        code=INTERNAL_ERROR, message=f"invalid result: {what}", data={_INVALID_MARK: what})))
-        text = next((v for v in inputs if isinstance(v, (str, bytes))), None)
-        if isinstance(text, bytes):
-            text = text.decode(errors="replace")
-        self._conn.strays += 1
-        self._conn.stray = repr(_cut_text(text, 120)) if text is not None else _brief(inputs[:1], 120)
-        return item
-
-    async def receive(self) -> Any:
-        return self._check(await self._inner.receive())
-
-    def __aiter__(self) -> _CheckedReads:
-        return self
-
-    async def __anext__(self) -> Any:
-        return self._check(await self._inner.__anext__())
-
-    async def aclose(self) -> None:
-        await self._inner.aclose()
-
-    async def __aenter__(self) -> _CheckedReads:
-        await self._inner.__aenter__()
-        return self
-
-    async def __aexit__(self, *exc: Any) -> bool | None:
-        return cast("bool | None", await self._inner.__aexit__(*exc))
-
-
-class _CheckedTransport:
-    """An MCP ``Transport`` whose read stream is a :class:`_CheckedReads`."""
-
-    def __init__(self, inner: Any, conn: _Connection) -> None:
-        self._inner = inner
-        self._conn = conn
-
-    async def __aenter__(self) -> tuple[Any, Any]:
-        read, write = await self._inner.__aenter__()
-        return _CheckedReads(read, self._conn), write
-
-    async def __aexit__(self, *exc: Any) -> bool | None:
-        return cast("bool | None", await self._inner.__aexit__(*exc))
-
-
-class MCPTool(Tool):
-    """An fsm_agent :class:`~fsm_agent.tools.Tool` that calls one tool of an MCP server.
-
-    Made by :class:`MCPToolset`; call-compatible with every other tool (validation, ledger,
-    policy, approvals). The MCP call's own deadline is :attr:`call_timeout` (the inherited
-    :attr:`~fsm_agent.tools.Tool.timeout` is ``None`` so that the MCP-specific timeout error, which
-    says the request was cancelled on the server, is the one the model reads; a run's
-    ``RunConfig.tool_timeout`` still applies on top).
-    """
-
-    __slots__ = ("annotations", "call_timeout", "output_schema", "remote_name", "title", "toolset")
-
-    def __init__(self, toolset: MCPToolset, spec: MCPToolSpec, *, name: str, effect: ToolEffect,
-                 call_timeout: float | None) -> None:
-        self.toolset = toolset
-        """The toolset (and connection) the tool calls through."""
-        self.remote_name = spec.name
-        """The tool's name on the server (what is sent in ``tools/call``)."""
-        self.title = spec.title or (spec.annotations.title if spec.annotations else None)
-        """The server's human-readable title, or ``None``."""
-        self.annotations = spec.annotations
-        """The server's ``ToolAnnotations`` (hints), or ``None``."""
-        self.output_schema = spec.output_schema
-        """The server's ``outputSchema`` (JSON Schema of ``structuredContent``), or ``None``."""
-        self.call_timeout = call_timeout
-        """Seconds one call may take before the MCP request is cancelled; ``None``: no limit."""
-        if not spec.name:  # with a prefix it would become a valid name ('fs_') of nothing the server can call
-            raise ToolDefinitionError(f"MCP server {toolset.name!r} lists a tool without a name; exclude it with "
-                                      "exclude=['']")
-        parameters = dict(spec.input_schema)  # the SDK has checked that its root is type 'object'
-        if _CONTEXT_PARAM in (parameters.get("properties") or {}):
-            raise ToolDefinitionError(f"MCP tool {spec.name!r} of {toolset.name!r}: a parameter is named "
-                                      f"{_CONTEXT_PARAM!r}, which fsm_agent reserves; exclude the tool")
-        this = self
-
-        async def call(_fsm_agent_tool_context: ToolContext, **arguments: Any) -> Any:
-            return await toolset._call(this, arguments, _fsm_agent_tool_context)
-
-        description = spec.description or self.title or ""
-        try:
-            super().__init__(call, name=name, description=description, parameters=parameters, timeout=None,
-                             effect=effect)
-        except ToolDefinitionError as exc:
-            raise ToolDefinitionError(f"MCP tool {spec.name!r} of {toolset.name!r}: {exc}") from exc
-
-    def __repr__(self) -> str:
-        return (f"MCPTool(name={self.name!r}, server={self.toolset.name!r}, remote_name={self.remote_name!r}, "
-                f"effect={self.effect.value!r}, call_timeout={self.call_timeout!r})")
+    def stray_seen(self, what: str) -> None:
+        """Count one more stray message; ``what``: its start."""
+        self.strays += 1
+        self.stray = what
 
 
 class MCPToolset:
@@ -497,8 +195,8 @@ class MCPToolset:
         self._url = server if isinstance(server, str) else None
         if headers and self._url is None:
             raise ConfigurationError("MCPToolset: headers= applies to an http(s) URL server only")
-        if prefix is not None and not _PREFIX_RULE.match(prefix):
-            raise ConfigurationError(f"MCPToolset: prefix {prefix!r} must match {_PREFIX_RULE.pattern}")
+        if prefix is not None and not PREFIX_RULE.match(prefix):
+            raise ConfigurationError(f"MCPToolset: prefix {prefix!r} must match {PREFIX_RULE.pattern}")
         for label, value in (("include", include), ("exclude", exclude)):
             if isinstance(value, str):
                 raise ConfigurationError(f"MCPToolset: {label}= takes a list of tool names, not the string {value!r}")
@@ -517,8 +215,8 @@ class MCPToolset:
             raise ConfigurationError(f"MCPToolset: effects= values must be one of "
                                      f"{[e.value for e in ToolEffect]}: {exc}") from exc
         for remote, local in (names or {}).items():
-            if not _NAME_RULE.match(local):
-                raise ConfigurationError(f"MCPToolset: names[{remote!r}] = {local!r} must match {_NAME_RULE.pattern}")
+            if not NAME_RULE.match(local):
+                raise ConfigurationError(f"MCPToolset: names[{remote!r}] = {local!r} must match {NAME_RULE.pattern}")
         self._given_name = name
         self.prefix = prefix
         """Prepended to each tool's name (``prefix_name``), or ``None``."""
@@ -663,7 +361,7 @@ class MCPToolset:
                 elif isinstance(target, StdioServerParameters):
                     target = stdio_client(target)
                 if not isinstance(target, (MCPServer, Server)):  # in process: no JSON-RPC text to misread
-                    target = _CheckedTransport(target, conn)
+                    target = CheckedTransport(target, conn.stray_seen)
                 client = await stack.enter_async_context(Client(target, **self.client_options))
                 conn.tools, conn.duplicates = await self._list(client)
                 info = client.server_info
@@ -738,7 +436,7 @@ class MCPToolset:
                 raise ConfigurationError(f"MCP server {self.name!r} lists two different tools named {remote!r}: which "
                                          f"one a call would reach cannot be told; pass exclude=[{remote!r}] to leave "
                                          "both out")
-            local = self.names.get(remote) or _local_name(self.prefix, remote)
+            local = self.names.get(remote) or local_name(self.prefix, remote)
             if local in by_name:
                 raise ConfigurationError(f"MCP server {self.name!r}: tools {by_name[local]!r} and {remote!r} would "
                                          f"both be named {local!r}; rename one with names={{{remote!r}: '...'}}")
@@ -863,7 +561,8 @@ class MCPToolset:
                     log.info("MCP server %r: %s lost its connection; sending it again", self.name, tool.name)
                     continue
                 raise self._lost_error(tool, exc.reason) from exc.__cause__
-            return self._result(tool, result)
+            return result_value(result, tool.remote_name, prefer_structured=self.prefer_structured,
+                                max_chars=self.max_result_chars)
 
     async def _send(self, conn: _Connection, tool: MCPTool, arguments: dict[str, Any],
                     ctx: ToolContext) -> CallToolResult:
@@ -901,18 +600,9 @@ class MCPToolset:
 
     def _failure(self, tool: MCPTool, exc: BaseException) -> ToolError:
         from mcp.shared.exceptions import MCPError
-        from mcp.types import PARSE_ERROR
-        from pydantic import ValidationError
 
         cause = _leaf(exc)
-        what: str | None = None
-        if isinstance(cause, ValidationError):  # a result object the SDK could not read as a CallToolResult
-            what = _validation_summary(cause)
-        elif isinstance(cause, MCPError) and isinstance(cause.data, dict) and _INVALID_MARK in cause.data:
-            what = str(cause.data[_INVALID_MARK])  # a response _CheckedReads caught
-        elif (isinstance(cause, MCPError) and cause.code == PARSE_ERROR
-              and cause.message.startswith(("Failed to parse JSON response", "Failed to parse SSE message"))):
-            what = _unparsed_answer(cause.message)  # the SDK's HTTP client, which names the request
+        what = invalid_answer(cause)
         if what is not None:
             may = (" It may have taken effect: check before calling it again." if tool.effect is
                    ToolEffect.SIDE_EFFECT else "")
@@ -935,112 +625,12 @@ class MCPToolset:
                          f"({reason}; the server may have crashed or been stopped). {may} {after}",
                          kind="mcp_connection_lost")
 
-    def _result(self, tool: MCPTool, result: CallToolResult) -> Any:
-        blocks = content_blocks(result, prefer_structured=self.prefer_structured, max_chars=self.max_result_chars)
-        if result.is_error:
-            if not blocks:
-                blocks = (TextBlock(f"MCP tool {tool.remote_name!r} reported an error without a message."),)
-            raise ToolError(_text(blocks), content=blocks, kind="mcp_tool_error")
-        return blocks or "(the tool returned no content)"
-
-
 class _Lost(Exception):
     """Internal: the call's connection failed (transport closed, process gone)."""
 
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
-
-
-def _text(blocks: Sequence[ContentBlock]) -> str:
-    return "\n".join(b.text for b in blocks if isinstance(b, TextBlock))
-
-
-def _image(data: str, mime: str | None, what: str) -> ContentBlock:
-    """An image the providers take (:data:`IMAGE_TYPES`, base64, at most :data:`MAX_IMAGE_BYTES`),
-    else a text note saying why it is not shown."""
-    kind = (mime or "").lower()
-    size = len(data) * 3 // 4
-    if kind not in IMAGE_TYPES:
-        why = f"its type {mime or 'is missing and'} is not one of {', '.join(sorted(IMAGE_TYPES))}"
-    elif size > MAX_IMAGE_BYTES:
-        why = f"it is larger than {MAX_IMAGE_BYTES // (1024 * 1024)} MB"
-    else:
-        try:
-            base64.b64decode(data, validate=True)
-            return ImageBlock(data=data, media_type=kind)
-        except (binascii.Error, ValueError):
-            why = "its data is not base64"
-    return TextBlock(f"[{what} {mime or '(no type)'}, about {size} bytes: not shown, {why}]")
-
-
-def _cut(blocks: list[ContentBlock], max_chars: int) -> list[ContentBlock]:
-    """The blocks with their text cut to ``max_chars`` characters in all, and a note at the end."""
-    total = sum(len(b.text) for b in blocks if isinstance(b, TextBlock))
-    if total <= max_chars:
-        return blocks
-    out: list[ContentBlock] = []
-    left = max_chars
-    for b in blocks:
-        if isinstance(b, TextBlock):
-            if left <= 0:
-                continue
-            b = TextBlock(b.text[:left]) if len(b.text) > left else b
-            left -= len(b.text)
-        out.append(b)
-    out.append(TextBlock(f"[cut: the result has {total:,} characters of text; the first {max_chars:,} are shown "
-                         "(MCPToolset max_result_chars)]"))
-    return out
-
-
-def content_blocks(result: CallToolResult, *, prefer_structured: bool = False,
-                   max_chars: int | None = None) -> tuple[ContentBlock, ...]:
-    """An MCP ``CallToolResult`` as fsm_agent content blocks (see the module docstring's mapping).
-
-    ``prefer_structured``: the ``structuredContent`` JSON in place of the text blocks; ignored for
-    an ``isError`` result, whose text is the error (its JSON is used only when it has no text).
-
-    An image (or an image resource) reaches the model as an image only when its type is one of
-    :data:`IMAGE_TYPES`, its data is base64 and it is at most :data:`MAX_IMAGE_BYTES`; otherwise a
-    text note stands in its place. ``max_chars``: the most text characters in all (the rest is cut,
-    and a last text block says so); ``None``: no limit."""
-    from mcp.types import (AudioContent, BlobResourceContents, EmbeddedResource, ImageContent, ResourceLink,
-                           TextContent, TextResourceContents)
-
-    structured = result.structured_content
-    if result.is_error:  # the error's own words; the structured payload only when there are none
-        use_json = structured is not None and not any(isinstance(c, TextContent) for c in result.content)
-    else:
-        use_json = structured is not None and (prefer_structured or not result.content)
-    out: list[ContentBlock] = []
-    if use_json:
-        out.append(TextBlock(orjson.dumps(structured, option=orjson.OPT_NON_STR_KEYS).decode()))
-    for item in result.content:
-        if isinstance(item, TextContent):
-            if not use_json:
-                out.append(TextBlock(item.text))
-        elif isinstance(item, ImageContent):
-            out.append(_image(item.data, item.mime_type, "image"))
-        elif isinstance(item, AudioContent):
-            out.append(TextBlock(f"[audio {item.mime_type}, {len(item.data) * 3 // 4} bytes: not shown]"))
-        elif isinstance(item, EmbeddedResource):
-            res = item.resource
-            mime = f" ({res.mime_type})" if res.mime_type else ""
-            if isinstance(res, TextResourceContents):
-                out.append(TextBlock(f"[resource {res.uri}{mime}]\n{res.text}"))
-            elif isinstance(res, BlobResourceContents) and (res.mime_type or "").startswith("image/"):
-                out.append(_image(res.blob, res.mime_type, f"resource {res.uri}, image"))
-            else:
-                out.append(TextBlock(f"[resource {res.uri}{mime}, {len(res.blob) * 3 // 4} bytes of binary data: "
-                                     "not shown]"))
-        elif isinstance(item, ResourceLink):
-            parts = [f"[resource link {item.uri}", f" {item.name!r}" if item.name else "",
-                     f" ({item.mime_type})" if item.mime_type else "", "]",
-                     f" {item.description}" if item.description else ""]
-            out.append(TextBlock("".join(parts)))
-    if max_chars is not None:
-        out = _cut(out, max_chars)
-    return tuple(out)
 
 
 def mcp_tools(server: Any, **options: Any) -> MCPToolset:
