@@ -3,5 +3,6 @@ session, budget, contract and stop reason), and foreign tools (MCP) and agents (
 
 Multi-agent patterns (``docs/multi-agent.md``): :mod:`.subagent` (``agent_tool``: an agent called as
 a tool), :mod:`.handoff` (``Handoffs``: a handoff with a recovery package), :mod:`.team` (``Team``:
-a leader and N workers under a merge rule), and :mod:`.links` (parent/child session links, used by
-every pattern and by the A2A client)."""
+a leader and N workers under a merge rule), :mod:`.result` (``PatternResult``: what the handoff
+chain and the team return), and :mod:`.links` (parent/child session links, used by every pattern and
+by the A2A client)."""

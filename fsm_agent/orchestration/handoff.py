@@ -56,9 +56,9 @@ from ..middleware import Complete, Deny, Middleware, Ordering
 from ..store.base import LinkKind, SessionLink
 from ..tools.registry import Tool, ToolContext, ToolEffect
 from ..types.content import ToolUseBlock, _tuple
-from ..types.messages import Message, ToolResultMessage, Usage
+from ..types.messages import Message, ToolResultMessage
 from ..types.plan import one_line
-from ..types.run import RunResult, RunStop, StopReason
+from ..types.run import RunResult, StopReason
 from ._child import (
     CHILD_OF,
     checked_limits,
@@ -69,6 +69,7 @@ from ._child import (
     stored_result,
 )
 from .links import child_session_id
+from .result import PatternResult
 
 __all__ = ["PACKAGE_SCHEMA", "HandoffResult", "HandoffStep", "Handoffs", "RecoveryPackage"]
 
@@ -159,25 +160,14 @@ class HandoffStep:
 
 
 @frozen
-class HandoffResult:
-    """How a handoff chain ended."""
+class HandoffResult(PatternResult):
+    """How a handoff chain ended: a :class:`~fsm_agent.orchestration.result.PatternResult` whose top
+    session is the first agent's (the chain's stop is that session's, see the module docstring), whose
+    answer is the last agent's, and whose usage and cost count every agent of the chain; plus the
+    chain itself."""
 
-    session_id: str
-    """The first agent's session: the chain's handle (resume it, send it controls)."""
-    stop: RunStop
-    """The chain's stop: the first session's (see the module docstring)."""
-    output: str
-    """The last agent's answer."""
-    output_data: Any
-    """The last agent's structured answer, when it had an output schema."""
-    usage: Usage
-    """Tokens of every agent of the chain (rolled up into the first session)."""
-    cost_usd: float | None
-    """USD of every agent of the chain; ``None`` when a price was unknown."""
     chain: tuple[HandoffStep, ...]
     """The agents in the order they worked."""
-    result: RunResult
-    """The first session's own :class:`RunResult`."""
 
 
 def _tool_name(target: str) -> str:
@@ -412,6 +402,5 @@ class Handoffs:
             if found is None:
                 break
             last, sid = found, link.child_id
-        return HandoffResult(first.session_id, first.stop, last.output, last.output_data, first.usage,
-                             first.cost_usd, tuple(steps), first)
+        return HandoffResult.from_run(first, answer=last, chain=tuple(steps))
 

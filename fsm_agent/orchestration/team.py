@@ -95,6 +95,7 @@ from ._child import (
     waiting_on,
 )
 from .links import child_session_id
+from .result import PatternResult
 
 __all__ = [
     "DISPATCH",
@@ -241,23 +242,13 @@ Verify = Callable[[str, Sequence[WorkerOutcome]], Union[str, None, Awaitable[Uni
 
 
 @frozen
-class TeamResult:
-    """How a team's run ended."""
+class TeamResult(PatternResult):
+    """How a team's run ended: a :class:`~fsm_agent.orchestration.result.PatternResult` whose top
+    session is the leader's, whose answer is the leader's merged answer, and whose usage and cost
+    count the leader and every worker; plus every worker's outcome."""
 
-    session_id: str
-    """The leader's session: the team's handle (resume it, send it controls)."""
-    stop: RunStop
-    output: str
-    """The merged answer."""
-    output_data: Any
-    usage: Usage
-    """Tokens of the leader and every worker."""
-    cost_usd: float | None
-    """USD of the leader and every worker; ``None`` when a price was unknown."""
     workers: tuple[WorkerOutcome, ...]
     """Every worker, in split order, as it stands in the store."""
-    result: RunResult
-    """The leader session's own :class:`RunResult`."""
 
 
 def _worker_id(ctx: ToolContext, index: int) -> str:
@@ -601,5 +592,4 @@ class Team:
         return await self._result(await self.leader.resume(session_id, **kwargs))
 
     async def _result(self, result: RunResult) -> TeamResult:
-        return TeamResult(result.session_id, result.stop, result.output, result.output_data, result.usage,
-                          result.cost_usd, await self.outcomes(result.session_id), result)
+        return TeamResult.from_run(result, workers=await self.outcomes(result.session_id))
