@@ -49,7 +49,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("around the agent: test helpers, the local model server, diagrams, multi-agent patterns",
      ("fsm_agent.testing.*", "fsm_agent.local", "fsm_agent.diagrams", "fsm_agent.orchestration.*")),
     ("entry points: the command line and the package's public face",
-     ("fsm_agent.cli", "fsm_agent.server.*", "fsm_agent")),
+     ("fsm_agent.cli.*", "fsm_agent.server.*", "fsm_agent")),
 )
 """Bottom first. ``pkg.*`` is the package ``pkg`` and every module in it; other entries are one
 module (a package's name alone is its ``__init__``). The machine package is split: its data

@@ -30,6 +30,7 @@ import os
 import signal
 import sys
 import uuid
+from collections.abc import Sequence
 from typing import Any, TextIO
 
 from ..agent import Agent
@@ -319,9 +320,12 @@ def load_agent(spec: str) -> Agent:
     return obj
 
 
-def add_worker_command(subparsers: Any) -> argparse.ArgumentParser:
-    """Add ``worker`` to the ``fsm-agent`` subcommands; its handler is ``args.handler(args, out, err)``."""
-    w = subparsers.add_parser("worker", help="carry out queued runs (PostgreSQL) until SIGTERM/SIGINT")
+def add_worker_command(subparsers: Any, parents: Sequence[argparse.ArgumentParser] = ()) -> argparse.ArgumentParser:
+    """Add ``worker`` to the ``fsm-agent`` subcommands; its handler is ``args.handler(args, out, err)``.
+
+    ``parents``: parent parsers (``add_help=False``) whose flags ``worker`` shares with other commands."""
+    w = subparsers.add_parser("worker", parents=list(parents),
+                              help="carry out queued runs (PostgreSQL) until SIGTERM/SIGINT")
     w.add_argument("--store", help="postgresql:// DSN of the sessions and the run queue ($FSM_AGENT_STORE)")
     w.add_argument("--agent", required=True, metavar="MODULE:ATTR",
                    help="the Agent to drive runs with (an Agent, or a callable returning one)")

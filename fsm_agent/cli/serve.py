@@ -1,0 +1,54 @@
+"""``fsm-agent serve``: sessions over HTTP (:mod:`fsm_agent.server`).
+
+``fsm-agent worker`` is :mod:`fsm_agent.server.worker`'s own command (its parser and handler live
+there); the parser of :mod:`fsm_agent.cli.parser` only adds it.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import TextIO
+
+from ..errors import ConfigurationError
+from .factory import AgentFactory, checked_store, default_settings
+
+__all__ = ["serve_command"]
+
+
+async def serve_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    """``serve``: the ``--agent`` given, else the embedded model with the default plugins, until
+    stopped; returns 0.
+
+    Raises:
+        ConfigurationError: a bad port, tokens file, bind address without tokens, A2A name or store.
+    """
+    from ..server.auth import Tenants, check_bind
+    from ..server.serve import serve
+    from ..server.worker import load_agent
+
+    if not 0 <= args.port <= 65535:
+        raise ConfigurationError(f"--port {args.port}: give 0 (any free port) to 65535")
+    tenants = Tenants.from_file(args.tokens) if args.tokens else Tenants.from_env()
+    check_bind(args.host, tenants)  # before any model server starts
+    a2a = None
+    if args.a2a is not None:
+        from ..server.a2a import A2AConfig
+
+        a2a = A2AConfig(name=args.a2a, description=args.a2a_description)  # a bad name fails before any server
+    store = await checked_store(args.store)
+    try:
+        if args.agent:
+            agent = load_agent(args.agent)
+            agent.store = store
+            await serve(agent, host=args.host, port=args.port, tenants=tenants, cors_origins=args.cors_origin,
+                        local_runs=args.local_runs, out=err, a2a=a2a)
+            return 0
+        from ..config import RunConfig
+
+        async with AgentFactory(default_settings(), None, err) as factory:
+            agent = factory.agent(store, RunConfig(), [])
+            await serve(agent, host=args.host, port=args.port, tenants=tenants, cors_origins=args.cors_origin,
+                        local_runs=args.local_runs, out=err, a2a=a2a)
+        return 0
+    finally:
+        await store.close()
