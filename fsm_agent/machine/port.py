@@ -23,8 +23,10 @@ it: given the same effect results, a run makes the same requests and writes the 
 byte for byte. A durable-execution host (Temporal) implements the same protocol with its own
 deterministic clock, timers and activities.
 
-Observers are not effects: they watch a run and are never replayed. Streamed model events reach
-them through ``on_event`` while a live call streams; a replayed call streams nothing.
+Observers are not effects: they watch a run and are never replayed (nothing they do reaches the
+run). Streamed model events reach the middleware's ``on_model_event`` filters and the observers
+through ``on_event``, run by the call's own task; a replaying port hands the recorded events to
+``on_event`` at the same points of the run.
 
 Effects that report while they run (a tool's progress and usage, a provider's retry) hand their
 reports to a callback the engine gives; the port decides when they arrive, so a replay delivers

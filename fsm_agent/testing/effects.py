@@ -20,16 +20,27 @@ empty store. A changed plugin, prompt, tool schema or engine shows at the first 
 
 **How interleavings replay.** A run is concurrent (parallel tools, the control watch beside a
 model stream, a tool's progress reports). While recording, the port delivers each completion and
-each callback (a timer, a control seen, a report) one at a time, letting the run settle between two
-(until no task is ready), and keeps their order; a replay delivers them in that order the same way.
-So the engine sees the same sequence of facts, and makes the same requests and writes, in the same
-order. Recording costs a few event-loop turns per effect; it is a test tool.
+each callback (a timer, a control seen, a report, a streamed model event, a provider's retry
+notice) one at a time, letting the run settle between two (until no task is ready), and keeps their
+order; a replay delivers them in that order the same way. So the engine sees the same sequence of
+facts, and makes the same requests and writes, in the same order. A streamed event and a retry
+notice are run by the model call's own task, live and in a replay, so the middleware's
+``on_model_event`` filters see the recorded stream at the same points (what they emit, a
+``StopRun`` or a cancel they raise, replays). An effect that had ended when a cancel came (while
+its result waited for its turn) still hands its result to the run, and the cancel lands at the
+run's next await, in the recording and in the replay alike: a store write that committed is never
+taken for a failed one. Recording costs a few event-loop turns per effect and per streamed event;
+it is a test tool.
 
-What a replay does not reproduce: what observers saw (they watch, they are never replayed: a
-replayed model call streams nothing to them), a plugin that reads the clock or draws random numbers
-itself instead of through its context (``ctx.now()``, ``ctx.random()`` ...), and an interrupt
-raised in process by a signal (:meth:`~fsm_agent.Agent.interrupt_all`; an Interrupt sent through
-the store, :meth:`~fsm_agent.Agent.control`, replays).
+What a replay does not reproduce: observers (they watch, they are never replayed: they may see a
+replayed stream, but nothing they do reaches the run), a plugin that reads the clock, sleeps, draws
+random numbers or reads the store itself instead of through its context (``ctx.now()``,
+``ctx.sleep()``, ``ctx.random()`` ...), and a cut from outside the run's effects: an interrupt
+raised in process by a signal (:meth:`~fsm_agent.Agent.interrupt_all`) or the run's task cancelled
+by the caller (an Interrupt sent through the store, :meth:`~fsm_agent.Agent.control`, replays; so
+does a cancel a middleware hook raises, since the hook runs again in the replay). Where the replay
+then waits for an effect whose result the recording never had, it raises
+:class:`~fsm_agent.errors.ReplayDivergence` naming it instead of waiting.
 
 A recording is kept in memory; :meth:`EffectRecording.save` and :meth:`EffectRecording.load` write
 and read it as one file (pickle: load only recordings you made).
@@ -94,7 +105,8 @@ class Segment:
     effects: list[Effect] = field(factory=list)
     arrivals: list[tuple[str, int, bytes | None]] = field(factory=list)
     """What reached the run, in order: ``(what, effect index, pickled payload)`` where ``what`` is
-    ``done`` (an effect's result), ``timer``, ``control``, ``lost``, ``report`` or ``retry``."""
+    ``done`` (an effect's result), ``timer``, ``control``, ``lost``, ``report``, ``retry`` (a provider's
+    retry notice) or ``event`` (a streamed model event)."""
 
     @property
     def requests(self) -> list[Any]:
@@ -203,7 +215,7 @@ def _dumps(obj: Any) -> bytes:
     return buf.getvalue()
 
 
-copyreg.constructor(_rebuild_exception)
+copyreg.constructor(_rebuild_exception)  # type: ignore[arg-type]
 
 
 # -- the gate: one arrival at a time -------------------------------------------------------------------
@@ -248,6 +260,33 @@ class _Gate:
             await _settle()
 
 
+async def _hold_cancel(wait: asyncio.Future[Any]) -> bool:
+    """Await ``wait`` even when the task is cancelled meanwhile; ``True`` when it was (the caller then
+    cancels the task again, with :func:`_cancel_again`, once it has handed over the effect's result).
+
+    An effect that ended has a result the live run would have had: a cancel that comes while the
+    result waits for its turn at the gate must not lose it (a store write that committed, seen as
+    failed, would be written again). So the cancel lands at the run's next await instead, as it would
+    had the effect ended a moment earlier."""
+    held = False
+    task = asyncio.current_task()
+    while True:
+        try:
+            await asyncio.shield(wait)
+            return held
+        except asyncio.CancelledError:
+            if wait.cancelled() or task is None:
+                raise
+            task.uncancel()
+            held = True
+
+
+def _cancel_again() -> None:
+    task = asyncio.current_task()
+    if task is not None:
+        task.cancel()
+
+
 # -- recording ------------------------------------------------------------------------------------------
 class _Handle:
     __slots__ = ("inner", "cancelled")
@@ -261,8 +300,17 @@ class _Handle:
         if self.inner is not None:
             self.inner.cancel()
 
+    def guard(self, fn: Callable[..., None]) -> Callable[..., None]:
+        """``fn``, doing nothing once this handle is called off."""
 
-def _store_facet(port: Any, base: type[Store]) -> Store:
+        def guarded(*args: Any) -> None:
+            if not self.cancelled:
+                fn(*args)
+
+        return guarded
+
+
+def _store_facet(port: Any, base: type) -> Store:
     """A :class:`Store` whose every method is an effect of ``port`` (``store.<method>``)."""
 
     def method(name: str) -> Callable[..., Awaitable[Any]]:
@@ -311,15 +359,14 @@ class RecordingPort:
             turn.set_result(None)
 
         self.gate.put(deliver, lambda: not turn.done())
+        held = await _hold_cancel(turn)
         try:
-            await turn
-        except asyncio.CancelledError:  # cut while its result waited for its turn: the run never saw it
-            if trace is not None:
-                effect.cut_text = list(trace.text)
-            raise
-        if outcome[0] == "raise":
-            raise outcome[1]
-        return outcome[1]
+            if outcome[0] == "raise":
+                raise outcome[1]
+            return outcome[1]
+        finally:
+            if held:
+                _cancel_again()
 
     def _callback(self, what: str, i: int, fn: Callable[..., Any], *payload: Any) -> Callable[..., None]:
         def arrived(*args: Any) -> None:
@@ -378,10 +425,9 @@ class RecordingPort:
                          trace: ModelTrace, deadline_s: float | None) -> MessageResponse:
         i = self._start("call_model", {"provider": provider, "request": request, "stream": stream,
                                        "deadline_s": deadline_s})
-        retry = None
-        if on_retry is not None:
-            retry = _async_arrival(self, "retry", i, on_retry)
-        work = self.inner.call_model(provider, request, stream=stream, on_event=on_event, on_retry=retry,
+        retry = None if on_retry is None else _async_arrival(self, "retry", i, on_retry)
+        events = None if on_event is None else _async_arrival(self, "event", i, on_event)
+        work = self.inner.call_model(provider, request, stream=stream, on_event=events, on_retry=retry,
                                      trace=trace, deadline_s=deadline_s)
         return await self._await(i, work, trace)  # type: ignore[no-any-return]
 
@@ -405,8 +451,7 @@ class RecordingPort:
         handle = _Handle()
         control = self._callback("control", i, on_control)
         lost = self._callback("lost", i, on_lost)
-        handle.inner = self.inner.watch(session_id, owner, lease_ttl, lambda: handle.cancelled or control(),
-                                        lambda reason: handle.cancelled or lost(reason))
+        handle.inner = self.inner.watch(session_id, owner, lease_ttl, handle.guard(control), handle.guard(lost))
         return handle
 
     async def wait_controls(self, session_id: str, kinds: Sequence[ControlKind], timeout: float
@@ -417,26 +462,48 @@ class RecordingPort:
 
 def _async_arrival(port: RecordingPort, what: str, i: int, fn: Callable[..., Awaitable[None]]
                    ) -> Callable[..., Awaitable[None]]:
-    """An async callback (a provider's retry notice, awaited before its wait) delivered through the gate."""
+    """An async callback of an effect in flight (a provider's retry notice, a streamed model event),
+    delivered through the gate: the effect's task waits for its turn, then runs ``fn`` itself (in the
+    run's task, as it would live), and the gate waits until ``fn`` returned before the next arrival."""
 
     async def arrived(*args: Any) -> None:
         loop = asyncio.get_running_loop()
-        done: asyncio.Future[None] = loop.create_future()
+        turn: asyncio.Future[None] = loop.create_future()
+        finished: asyncio.Future[None] = loop.create_future()
 
-        async def deliver() -> None:
+        def deliver() -> Awaitable[None]:
             port.segment.arrivals.append((what, i, _dumps(args)))
-            try:
-                await fn(*args)
-            finally:
-                done.set_result(None)
+            turn.set_result(None)
+            return finished
 
-        port.gate.put(deliver)
-        await done
+        port.gate.put(deliver, lambda: not turn.done())
+        try:
+            await turn
+            await fn(*args)
+        except asyncio.CancelledError:  # cut while waiting for its turn (then the run never saw it) or in fn
+            turn.cancel()
+            raise
+        finally:
+            if not finished.done():
+                finished.set_result(None)
 
     return arrived
 
 
 # -- replaying ---------------------------------------------------------------------------------------------
+class _Awaited:
+    """An effect the replayed run awaits: the pump hands it what the live run got while it waited (a
+    streamed event, a retry notice: run by the effect's own task, as live), then its result."""
+
+    __slots__ = ("queue", "handlers", "over")
+
+    def __init__(self, handlers: dict[str, Callable[..., Awaitable[None]] | None]) -> None:
+        self.queue: asyncio.Queue[tuple[Any, ...]] = asyncio.Queue()
+        self.handlers = handlers
+        self.over = False
+        """The run no longer awaits it (it got its result, raised, or was cut)."""
+
+
 class ReplayingPort:
     """Answers every effect from ``segment``; raises :class:`~fsm_agent.errors.ReplayDivergence` at the
     first effect that differs (and for every effect after it: the first divergence is the one raised)."""
@@ -445,22 +512,25 @@ class ReplayingPort:
         self.segment = segment
         self.next = 0
         self.divergence: ReplayDivergence | None = None
-        self.futures: dict[int, asyncio.Future[Any]] = {}
+        self.awaited: dict[int, _Awaited] = {}
         self.callbacks: dict[tuple[str, int], Callable[..., Any]] = {}
-        self.traces: dict[int, ModelTrace] = {}
         self.store = _store_facet(self, ReplayingPort)
         self._pump: asyncio.Task[None] | None = None
 
     # -- matching --------------------------------------------------------------------------------------
-    def _diverge(self, index: int, expected: Effect | None, kind: str | None, args: Any) -> ReplayDivergence:
+    def _diverge(self, index: int, expected: Effect | None, kind: str | None, args: Any, *,
+                 difference: str | None = None, expected_text: str | None = None,
+                 actual_text: str | None = None) -> ReplayDivergence:
         if self.divergence is None:
+            if difference is None:
+                difference = ("" if expected is None or kind is None or expected.kind != kind
+                              else _difference(expected.args, args))
             self.divergence = ReplayDivergence(
-                index, None if expected is None else _short(expected.kind, expected.args),
-                None if kind is None else _short(kind, args),
-                "" if expected is None or kind is None or expected.kind != kind else _difference(expected.args, args))
-            for fut in self.futures.values():
-                if not fut.done():
-                    fut.set_exception(self.divergence)
+                index, expected_text or (None if expected is None else _short(expected.kind, expected.args)),
+                actual_text or (None if kind is None else _short(kind, args)), difference)
+            for waiting in self.awaited.values():
+                if not waiting.over:
+                    waiting.queue.put_nowait(("divergence",))
         return self.divergence
 
     def _start(self, kind: str, args: Any) -> tuple[int, Effect]:
@@ -487,54 +557,118 @@ class ReplayingPort:
             e = self.segment.effects[self.next]
             raise self._diverge(self.next, e, None, None)
 
+    def _never_answered(self, i: int) -> ReplayDivergence:
+        """The run waits for effect ``i``, whose result the recording does not have."""
+        e = self.segment.effects[i]
+        return self._diverge(i, e, e.kind, e.args, expected_text=f"{_short(e.kind, e.args)}, never answered",
+                             actual_text=f"{_short(e.kind, e.args)}, waiting for its result",
+                             difference="the live run was cut while it waited for this effect, from outside the "
+                                        "run's effects (a task cancelled, a signal), or the replay waits where the "
+                                        "live run did not")
+
     async def _deliver_all(self) -> None:
+        loop = asyncio.get_running_loop()
         for what, i, payload in self.segment.arrivals:
             await _settle()
-            key = (what, i)
-            if what == "done":
-                if i not in self.futures:
+            if self.divergence is not None:
+                return
+            if what in ("done", "event", "retry"):
+                waiting = self.awaited.get(i)
+                if waiting is None:
                     await _settle()
-                if i not in self.futures:
-                    e = self.segment.effects[i]
-                    self._diverge(i, e, None, None)
+                    waiting = self.awaited.get(i)
+                if waiting is None:
+                    self._never_asked(i)
                     return
-                fut = self.futures[i]
-                if fut.done():
+                if waiting.over:
                     continue
-                kind, value = pickle.loads(payload)  # noqa: S301 - the recording is the user's own
-                trace = self.traces.get(i)
-                if trace is not None and self.segment.effects[i].cut_text is not None:
-                    trace.text[:] = self.segment.effects[i].cut_text
-                if kind == "ok":
-                    fut.set_result(value)
-                else:
-                    fut.set_exception(value)
+                assert payload is not None
+                data = pickle.loads(payload)  # noqa: S301 - the recording is the user's own
+                if what == "done":
+                    waiting.queue.put_nowait(("done", data))
+                    continue
+                handled: asyncio.Future[None] = loop.create_future()
+                waiting.queue.put_nowait((what, data, handled))
+                await handled  # the effect's task ran it (it sets this on every way out)
                 continue
-            fn = self.callbacks.get(key)
+            fn = self.callbacks.get((what, i))
             if fn is None:
                 await _settle()
-                fn = self.callbacks.get(key)
+                fn = self.callbacks.get((what, i))
             if fn is None:  # the run never set the timer / watch / effect up again
-                self._diverge(i, self.segment.effects[i], None, None)
+                self._never_asked(i)
                 return
             data = pickle.loads(payload) if payload is not None else ()  # noqa: S301
-            out = fn(*data)
-            if asyncio.iscoroutine(out):
-                await out
+            fn(*data)
         await _settle()
+        # the recording has nothing more to deliver: an effect the run still waits for never gets its result
+        for i, waiting in sorted(self.awaited.items()):
+            if not waiting.over:
+                self._never_answered(i)
+                return
 
-    async def _await(self, i: int, trace: ModelTrace | None = None) -> Any:
-        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self.futures[i] = fut
-        if trace is not None:
-            self.traces[i] = trace
+    def _never_asked(self, i: int) -> None:
+        """The recording delivers to effect ``i`` what the replayed run did not wait for."""
+        e = self.segment.effects[i]
+        self._diverge(i, e, None, None)
+
+    async def _await(self, i: int, trace: ModelTrace | None = None,
+                     handlers: dict[str, Callable[..., Awaitable[None]] | None] | None = None) -> Any:
+        if self._pump is not None and self._pump.done() and self.divergence is None:
+            raise self._never_answered(i)
+        waiting = self.awaited[i] = _Awaited(handlers or {})
         effect = self.segment.effects[i]
+        raised: BaseException | None = None
+        held = False
+        task = asyncio.current_task()
         try:
-            return await fut
+            while True:
+                try:
+                    item = await waiting.queue.get()
+                except asyncio.CancelledError:
+                    if not effect.delivered or self.divergence is not None or task is None:
+                        raise
+                    # the live run got this effect's result although a cancel came meanwhile (see
+                    # _hold_cancel): so does the replay, and the cancel lands at the next await
+                    task.uncancel()
+                    held = True
+                    continue
+                if item[0] == "divergence":
+                    assert self.divergence is not None
+                    raise self.divergence
+                if item[0] == "done":
+                    kind, value = item[1]
+                    if trace is not None and effect.cut_text is not None:
+                        trace.text[:] = effect.cut_text
+                    if held:
+                        _cancel_again()
+                    if raised is not None:  # a callback raised, live too: the call ended with it
+                        raise raised
+                    if kind == "ok":
+                        return value
+                    raise value
+                _, data, handled = item
+                try:
+                    fn = waiting.handlers.get(item[0])
+                    if fn is not None and raised is None:
+                        await fn(*data)
+                except asyncio.CancelledError:
+                    raise
+                except BaseException as exc:  # noqa: BLE001 - it reaches the run with the call's recorded end
+                    raised = exc
+                finally:
+                    if not handled.done():
+                        handled.set_result(None)
         except asyncio.CancelledError:
             if trace is not None and effect.cut_text is not None:
                 trace.text[:] = effect.cut_text
             raise
+        finally:
+            waiting.over = True
+            while not waiting.queue.empty():
+                rest = waiting.queue.get_nowait()
+                if len(rest) == 3 and not rest[2].done():
+                    rest[2].set_result(None)
 
     async def _store(self, name: str, a: tuple[Any, ...], kw: dict[str, Any]) -> Any:
         i, _ = self._start(f"store.{name}", {"a": a, "kw": kw})
@@ -556,7 +690,7 @@ class ReplayingPort:
     def call_later(self, delay: float, callback: Callable[[], None]) -> Cancellable:
         i, _ = self._start("call_later", {"delay": delay})
         handle = _Handle()
-        self.callbacks[("timer", i)] = lambda: handle.cancelled or callback()
+        self.callbacks[("timer", i)] = handle.guard(callback)
         return handle
 
     # -- async effects ---------------------------------------------------------------------------------
@@ -565,9 +699,7 @@ class ReplayingPort:
                          trace: ModelTrace, deadline_s: float | None) -> MessageResponse:
         i, _ = self._start("call_model", {"provider": provider, "request": request, "stream": stream,
                                           "deadline_s": deadline_s})
-        if on_retry is not None:
-            self.callbacks[("retry", i)] = on_retry
-        return await self._await(i, trace)  # type: ignore[no-any-return]
+        return await self._await(i, trace, {"retry": on_retry, "event": on_event})  # type: ignore[no-any-return]
 
     async def run_tool(self, call: ToolUseBlock, tools: ToolRegistry, *, session_id: str, turn: int,
                        timeout: float | None, decision: Decision | None, report: ToolReport,
@@ -585,8 +717,8 @@ class ReplayingPort:
               on_lost: Callable[[str], None]) -> Cancellable:
         i, _ = self._start("watch", {"session_id": session_id, "owner": owner, "lease_ttl": lease_ttl})
         handle = _Handle()
-        self.callbacks[("control", i)] = lambda: handle.cancelled or on_control()
-        self.callbacks[("lost", i)] = lambda reason: handle.cancelled or on_lost(reason)
+        self.callbacks[("control", i)] = handle.guard(on_control)
+        self.callbacks[("lost", i)] = handle.guard(on_lost)
         return handle
 
     async def wait_controls(self, session_id: str, kinds: Sequence[ControlKind], timeout: float
