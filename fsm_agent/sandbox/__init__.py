@@ -2,6 +2,7 @@
 
 * :class:`Sandbox` — the protocol (``run``, ``start``/``guarantees``, ``aclose``), with
   :class:`Limits`, :class:`ExecutionResult`, :class:`Guarantees` (:mod:`fsm_agent.sandbox.base`);
+* :class:`SandboxOptions` — the options every sandbox takes, as ``options=`` or as keywords;
 * :class:`BubblewrapSandbox` — setpriv + bwrap + seccomp + prlimit, the default when ``bwrap`` exists;
 * :class:`SubprocessSandbox` — uid drop + seccomp + Landlock + rlimits, for pip-only installs;
 * :class:`RemoteSandbox` over a :class:`RemoteExecutor` (:class:`HttpRemoteExecutor`: HTTP JSON);
@@ -11,7 +12,6 @@
 See ``docs/codeact.md`` for the threat model, the probes and the wire shape.
 """
 
-from ._local import DEFAULT_UIDS
 from .base import (
     GUARANTEE_NAMES,
     LIMIT_NAMES,
@@ -31,6 +31,7 @@ from .base import (
 )
 from .bubblewrap import BubblewrapSandbox
 from .codeact import SESSION_METADATA_KEY, codeact_tool, default_sandbox, record_guarantees
+from .options import DEFAULT_UIDS, SandboxOptions
 from .remote import HttpRemoteExecutor, RemoteExecutor, RemoteRequest, RemoteSandbox
 from .subprocess import SubprocessSandbox
 
@@ -56,6 +57,7 @@ __all__ = [
     "Sandbox",
     "SandboxError",
     "SandboxInputError",
+    "SandboxOptions",
     "SandboxUnavailableError",
     "SubprocessSandbox",
     "codeact_tool",

@@ -17,7 +17,7 @@ this recipe passed)::
       python3 -I -c RUNNER
 
 ``U`` is a dedicated numeric uid from the pool (default
-:data:`~fsm_agent.sandbox._local.DEFAULT_UIDS`), locked machine-wide for the call. The runner forks
+:data:`~fsm_agent.sandbox.options.DEFAULT_UIDS`), locked machine-wide for the call. The runner forks
 a monitor that reports the code's true exit status or signal (bwrap itself turns a death by signal
 N into exit status 128+N, which code could fake). The root check matters: bwrap and rlimits as root
 keep uid 0 (``RLIMIT_NPROC`` is ignored for it), so as root the uid is always dropped first. Run as
@@ -36,12 +36,18 @@ import functools
 import os
 import shutil
 import subprocess
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
-from ._local import LocalSandbox, host_path
+from ._inputs import host_paths
+from ._local import LocalSandbox
 from ._seccomp import DENIED_SYSCALLS, seccomp_available
+from ._selftest import memory_check, rlimit_checks
 from .base import KiB, MiB, Guarantees, Limits, SandboxInputError, SandboxUnavailableError
+from .options import SandboxOptions, SandboxOptionsKeywords, resolve
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 __all__ = ["BubblewrapSandbox"]
 
@@ -65,23 +71,23 @@ def _bwrap_features(bwrap: str) -> tuple[str, frozenset[str]]:
 class BubblewrapSandbox(LocalSandbox):
     """Runs each call in a fresh bubblewrap sandbox as a dedicated uid (see the module docstring).
 
+    Takes the options every sandbox takes (:class:`~fsm_agent.sandbox.options.SandboxOptions`), as
+    ``options=`` or as keywords (not both), and its own:
+
     Args:
-        limits: default :class:`~fsm_agent.sandbox.base.Limits` of each run.
-        uids: the dedicated numeric uids (one per concurrent run); used only as root.
-        python: the interpreter inside the sandbox; must live under ``/usr`` or ``ro_binds``.
-        required: guarantees that must hold, else ``run`` raises
-            :class:`~fsm_agent.sandbox.base.GuaranteeNotHeldError`; default :attr:`DESIGNED` (all
-            but ``disk_quota``). Pass fewer to opt in to weaker isolation (e.g. as an ordinary user,
-            ``uid_dropped`` and ``processes_limited`` cannot hold).
-        keep_workdir: keep each run's work dir (its host path is ``ExecutionResult.workdir``).
-        workdir_root: where work dirs are created (default: the system temp dir).
-        env: extra environment variables for the code (never pass secrets).
+        options: the shared options in one value.
+        **shared: or each as a keyword: ``limits``, ``uids`` (used only as root), ``python`` (must live
+            under ``/usr`` or ``ro_binds``), ``required`` (default :attr:`DESIGNED`: all but
+            ``disk_quota``; as an ordinary user, ``uid_dropped`` and ``processes_limited`` cannot
+            hold), ``keep_workdir``, ``workdir_root``, ``env``; see
+            :class:`~fsm_agent.sandbox.options.SandboxOptions` for each.
         ro_binds: extra host paths made visible read-only at the same path (a virtualenv, data).
         tmp_bytes: size of each of the private ``/tmp`` and ``/dev/shm`` tmpfs, bytes (default 64 MiB).
         bwrap: path of ``bwrap`` (default: found on ``PATH``).
 
     Raises:
-        SandboxInputError: an option is invalid.
+        SandboxInputError: an option is invalid, or ``options`` and shared keywords are both given.
+        TypeError: an unknown keyword.
     """
 
     NAME = "bubblewrap"
@@ -91,24 +97,14 @@ class BubblewrapSandbox(LocalSandbox):
     def __init__(
         self,
         *,
-        limits: Limits | None = None,
-        uids: Sequence[int] | None = None,
-        python: str = "/usr/bin/python3",
-        required: Sequence[str] | None = None,
-        keep_workdir: bool = False,
-        workdir_root: str | os.PathLike[str] | None = None,
-        env: Mapping[str, str] | None = None,
+        options: SandboxOptions | None = None,
         ro_binds: Sequence[str] = (),
         tmp_bytes: int = 64 * MiB,
         bwrap: str | None = None,
+        **shared: Unpack[SandboxOptionsKeywords],
     ) -> None:
-        super().__init__(limits=limits, uids=uids, python=python, required=required, keep_workdir=keep_workdir,
-                         workdir_root=workdir_root, env=env)
-        binds = [os.path.normpath(host_path("ro_binds", p)) for p in ro_binds]
-        for p in binds:
-            if not os.path.isabs(p) or p == "/":
-                raise SandboxInputError(f"ro_binds: {p!r} must be an absolute path other than '/'")
-        self.ro_binds = tuple(binds)
+        super().__init__(resolve("BubblewrapSandbox", options, shared))
+        self.ro_binds = host_paths("ro_binds", ro_binds)
         if isinstance(tmp_bytes, bool) or not isinstance(tmp_bytes, int) or tmp_bytes < 64 * KiB:
             raise SandboxInputError(f"tmp_bytes must be a whole number of bytes of at least 65536, got {tmp_bytes!r}")
         self.tmp_bytes = tmp_bytes
@@ -219,11 +215,11 @@ class BubblewrapSandbox(LocalSandbox):
             "not root: the code runs as your own uid inside a user namespace (it cannot switch to a dedicated "
             "uid); run as root for a dedicated uid" if not self.root else f"the code runs as uid {uid}, "
             f"groups {facts.get('groups')}, capabilities {facts.get('cap_eff')}")
-        rl = self._rlimit_checks(facts, limits)
+        rl = rlimit_checks(facts, limits)
         for name in ("cpu_limited", "file_size_limited"):
             put(name, rl[name][0], rl[name][1], f"{name.replace('_limited', '')} rlimit not in force: {facts.get('rlimits')}")
-        ok_mem, mech_mem, why_mem = self._memory_check(
-            facts, limits, private=("/tmp", "/dev/shm"),
+        ok_mem, mech_mem, why_mem = memory_check(
+            facts, limits, self._root_dir, private=("/tmp", "/dev/shm"),
             extra=f"; the private /tmp and /dev/shm are tmpfs of {self.tmp_bytes} bytes each, /dev is read-only")
         put("memory_limited", ok_mem, mech_mem, why_mem)
         put("processes_limited", bool(rl["nproc_set"][0] and dropped),

@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from ..tools.registry import Tool, ToolContext, ToolEffect
-from ._local import checked_run
+from ._inputs import checked_run
 from .base import (
     CodeExecutionError,
     GuaranteeNotHeldError,
@@ -77,9 +77,9 @@ def default_sandbox(**options: Any) -> Sandbox:
     when ``bwrap`` is on ``PATH``, else :class:`~fsm_agent.sandbox.subprocess.SubprocessSandbox`. Says
     which in the ``fsm_agent.sandbox`` log (INFO) and in the returned sandbox's ``name``.
 
-    ``options`` go to the chosen class (``limits``, ``uids``, ``python``, ``required`` ...; a
-    bubblewrap-only option such as ``ro_binds`` is dropped when the subprocess sandbox is chosen,
-    with a warning)."""
+    ``options`` go to the chosen class (``options=`` a :class:`~fsm_agent.sandbox.options.SandboxOptions`,
+    or ``limits``, ``uids``, ``python``, ``required`` ...; a bubblewrap-only option such as ``ro_binds``
+    is dropped when the subprocess sandbox is chosen, with a warning)."""
     from .bubblewrap import BubblewrapSandbox
     from .subprocess import SubprocessSandbox
 

@@ -49,9 +49,8 @@ import orjson
 from attrs import field, frozen
 
 from ..types.codec import structure, unstructure
-from ._local import check_required, checked_run
+from ._inputs import check_required, checked_run
 from .base import (
-    GUARANTEE_NAMES,
     LIMIT_NAMES,
     ExecutionResult,
     Guarantees,
@@ -62,6 +61,7 @@ from .base import (
     check_timeout,
     typed_errors,
 )
+from .options import SandboxOptions, resolve
 
 __all__ = ["HttpRemoteExecutor", "RemoteExecutor", "RemoteRequest", "RemoteSandbox", "WIRE_VERSION", "result_to_json"]
 
@@ -254,23 +254,38 @@ class RemoteSandbox:
 
     Args:
         executor: e.g. ``HttpRemoteExecutor("https://sandbox.internal/v1")``.
-        limits: default limits sent with each run.
-        required: guarantee names the remote side must report as holding, else ``run`` raises
-            :class:`~fsm_agent.sandbox.base.GuaranteeNotHeldError` (default: none).
+        options: the options every sandbox takes
+            (:class:`~fsm_agent.sandbox.options.SandboxOptions`); only ``limits`` and ``required``
+            apply here, and options that set a field of the local sandboxes are refused.
+        limits: or as a keyword: default limits sent with each run.
+        required: or as a keyword: guarantee names the remote side must report as holding, else
+            ``run`` raises :class:`~fsm_agent.sandbox.base.GuaranteeNotHeldError` (default: none).
+
+    Raises:
+        SandboxInputError: ``executor`` is no :class:`RemoteExecutor`, an option is invalid, or
+            ``options`` and a keyword are both given.
     """
 
-    def __init__(self, executor: RemoteExecutor, *, limits: Limits | None = None,
-                 required: Sequence[str] = ()) -> None:
+    def __init__(self, executor: RemoteExecutor, *, options: SandboxOptions | None = None,
+                 limits: Limits | None = None, required: Sequence[str] | None = None) -> None:
         if not isinstance(executor, RemoteExecutor):
             raise SandboxInputError(f"executor must implement RemoteExecutor (describe, execute, aclose), not "
                                     f"{type(executor).__name__}")
-        unknown = [r for r in required if r not in GUARANTEE_NAMES]
-        if unknown:
-            raise SandboxInputError(f"required names unknown guarantee(s) {unknown}")
+        given = {k: v for k, v in (("limits", limits), ("required", required)) if v is not None}
+        self.options = resolve("RemoteSandbox", options, given).for_remote()
         self.executor = executor
-        self.limits = limits if limits is not None else Limits()
-        self.required = tuple(required)
         self._guarantees: Guarantees | None = None
+
+    @property
+    def limits(self) -> Limits:
+        """Default limits of each run (:attr:`SandboxOptions.limits`)."""
+        return self.options.limits
+
+    @property
+    def required(self) -> tuple[str, ...]:
+        """The guarantees the executor must report as holding (:attr:`SandboxOptions.required`; none
+        when ``None``)."""
+        return self.options.required or ()
 
     def __repr__(self) -> str:
         return f"RemoteSandbox({self.executor!r})"

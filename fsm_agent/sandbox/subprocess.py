@@ -41,12 +41,18 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
-from ._local import LocalSandbox, host_path
+from ._inputs import host_paths
+from ._local import LocalSandbox
 from ._seccomp import DENIED_SYSCALLS, seccomp_available
+from ._selftest import memory_check, rlimit_checks
 from .base import Guarantees, Limits, SandboxInputError, SandboxUnavailableError
+from .options import SandboxOptions, SandboxOptionsKeywords, resolve
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 __all__ = ["SubprocessSandbox"]
 
@@ -60,23 +66,23 @@ class SubprocessSandbox(LocalSandbox):
     """Runs each call as a dedicated uid under seccomp, Landlock and rlimits, without namespaces (see
     the module docstring for what that leaves open).
 
+    Takes the options every sandbox takes (:class:`~fsm_agent.sandbox.options.SandboxOptions`), as
+    ``options=`` or as keywords (not both), and its own:
+
     Args:
-        limits: default :class:`~fsm_agent.sandbox.base.Limits` of each run.
-        uids: the dedicated numeric uids (one per concurrent run); every process of such a uid is
-            killed after each run, so nothing else may use them.
-        python: the interpreter (default ``/usr/bin/python3``; it must be executable by the uid; its
-            prefix is readable under Landlock).
-        required: guarantees that must hold, else ``run`` raises
-            :class:`~fsm_agent.sandbox.base.GuaranteeNotHeldError`; default :attr:`DESIGNED`.
-        keep_workdir: keep each run's work dir (its host path is ``ExecutionResult.workdir``).
-        workdir_root: where work dirs are created (default: the system temp dir).
-        env: extra environment variables for the code (never pass secrets).
+        options: the shared options in one value.
+        **shared: or each as a keyword: ``limits``, ``uids`` (every process of such a uid is killed
+            after each run, so nothing else may use them), ``python`` (it must be executable by the
+            uid; its prefix is readable under Landlock), ``required`` (default :attr:`DESIGNED`),
+            ``keep_workdir``, ``workdir_root``, ``env``; see
+            :class:`~fsm_agent.sandbox.options.SandboxOptions` for each.
         ro_paths: extra host paths the code may read under Landlock (a virtualenv, data).
         landlock: apply Landlock when the kernel has it (default ``True``); ``False`` leaves the code
             the host's world-writable and world-readable files (and the guarantees say so).
 
     Raises:
-        SandboxInputError: an option is invalid.
+        SandboxInputError: an option is invalid, or ``options`` and shared keywords are both given.
+        TypeError: an unknown keyword.
     """
 
     NAME = "subprocess"
@@ -86,23 +92,13 @@ class SubprocessSandbox(LocalSandbox):
     def __init__(
         self,
         *,
-        limits: Limits | None = None,
-        uids: Sequence[int] | None = None,
-        python: str = "/usr/bin/python3",
-        required: Sequence[str] | None = None,
-        keep_workdir: bool = False,
-        workdir_root: str | os.PathLike[str] | None = None,
-        env: Mapping[str, str] | None = None,
+        options: SandboxOptions | None = None,
         ro_paths: Sequence[str] = (),
         landlock: bool = True,
+        **shared: Unpack[SandboxOptionsKeywords],
     ) -> None:
-        super().__init__(limits=limits, uids=uids, python=python, required=required, keep_workdir=keep_workdir,
-                         workdir_root=workdir_root, env=env)
-        paths = [os.path.normpath(host_path("ro_paths", p)) for p in ro_paths]
-        for p in paths:
-            if not isinstance(p, str) or not os.path.isabs(p) or p == "/":
-                raise SandboxInputError(f"ro_paths: {p!r} must be an absolute path other than '/'")
-        self.ro_paths = tuple(paths)
+        super().__init__(resolve("SubprocessSandbox", options, shared))
+        self.ro_paths = host_paths("ro_paths", ro_paths)
         if not isinstance(landlock, bool):
             raise SandboxInputError(f"landlock must be True or False, not {landlock!r}")
         self.landlock = landlock
@@ -146,7 +142,7 @@ class SubprocessSandbox(LocalSandbox):
     def _after_exit(self, uid: int | None) -> None:
         # no PID namespace: a process the code started (even one that left the session) lives on as U
         if uid is not None and self.setpriv:
-            self._kill_uid(uid)
+            self._pool.kill(uid)
         super()._after_exit(uid)
 
     def _needs_sweep(self) -> bool:
@@ -206,10 +202,10 @@ class SubprocessSandbox(LocalSandbox):
             f"setpriv to the dedicated uid {uid} (no groups, empty capability and bounding sets, no_new_privs)",
             "not root: cannot switch to a dedicated uid; the code runs as your own uid" if not self.root
             else f"the code runs as uid {uid}, groups {facts.get('groups')}")
-        rl = self._rlimit_checks(facts, limits)
+        rl = rlimit_checks(facts, limits)
         for name in ("cpu_limited", "file_size_limited"):
             put(name, rl[name][0], rl[name][1], f"{name.replace('_limited', '')} rlimit not in force: {facts.get('rlimits')}")
-        ok_mem, mech_mem, why_mem = self._memory_check(facts, limits, extra=f"; {landlock} keeps /dev/shm unwritable")
+        ok_mem, mech_mem, why_mem = memory_check(facts, limits, self._root_dir, extra=f"; {landlock} keeps /dev/shm unwritable")
         put("memory_limited", ok_mem, mech_mem, why_mem)
         put("processes_limited", bool(rl["nproc_set"][0] and dropped),
             f"RLIMIT_NPROC={limits.processes} for a dedicated uid; what is left running is killed after each run",

@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 
 from fsm_agent.sandbox import BubblewrapSandbox, SubprocessSandbox
-from fsm_agent.sandbox._local import LocalSandbox, processes_of
+from fsm_agent.sandbox._local import LocalSandbox
+from fsm_agent.sandbox._uids import processes_of
 
 KINDS = ("bubblewrap", "subprocess")
 UIDS = range(2_100_100_000 + (os.getpid() % 50_000) * 8, 2_100_100_000 + (os.getpid() % 50_000) * 8 + 8)

@@ -21,7 +21,8 @@ from pathlib import Path
 import pytest
 
 from fsm_agent.sandbox import GuaranteeNotHeldError, Limits
-from fsm_agent.sandbox._local import SWEPT_DIRS, LocalSandbox
+from fsm_agent.sandbox._local import LocalSandbox
+from fsm_agent.sandbox._workdir import SWEPT_DIRS
 
 from .conftest import absence, build
 
@@ -215,7 +216,7 @@ async def test_without_landlock_a_writable_host_tmpfs_is_reported_and_refused(re
     why = absence("subprocess")
     if why:
         pytest.skip(why)
-    from fsm_agent.sandbox._local import fs_type
+    from fsm_agent.sandbox._selftest import fs_type
 
     sb = build("subprocess", workdir_root=reachable_dir, landlock=False)
     g = await sb.start()
@@ -364,7 +365,7 @@ async def test_without_landlock_what_the_uid_left_is_removed_after_the_call(reac
 
 async def test_a_work_dir_on_a_tmpfs_is_reported_as_unbounded_memory(kind: str) -> None:
     """Files in a work dir on a tmpfs are RAM, their number unbounded: memory_limited must not hold."""
-    from fsm_agent.sandbox._local import fs_type
+    from fsm_agent.sandbox._selftest import fs_type
 
     if fs_type("/dev/shm") != "tmpfs":
         pytest.skip("no tmpfs at /dev/shm on this machine")

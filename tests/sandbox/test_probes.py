@@ -33,7 +33,8 @@ from fsm_agent.sandbox import (
     SandboxInputError,
     SubprocessSandbox,
 )
-from fsm_agent.sandbox._local import BUSY_UIDS, LocalSandbox, processes_of
+from fsm_agent.sandbox._local import LocalSandbox
+from fsm_agent.sandbox._uids import BUSY_UIDS, processes_of
 
 from .conftest import UIDS
 

@@ -22,7 +22,8 @@ from pathlib import Path
 import pytest
 
 from fsm_agent.sandbox import SandboxUnavailableError
-from fsm_agent.sandbox._local import BUSY_UIDS, LocalSandbox, _try_lock, processes_of
+from fsm_agent.sandbox._local import LocalSandbox
+from fsm_agent.sandbox._uids import BUSY_UIDS, processes_of, try_lock
 
 from .conftest import UIDS, build
 
@@ -188,7 +189,7 @@ async def test_cancelling_at_any_point_leaves_no_work_dir_and_frees_the_uid(make
         assert list(root.iterdir()) == [] and not any(processes_of(u) for u in sb.uids)
     assert not BUSY_UIDS & set(sb.uids)
     for uid in sb.uids:  # every lock is free again, and says that no call runs
-        slot = _try_lock(uid)
+        slot = try_lock(uid)
         assert slot is not None and slot.previous is None
         slot.release()
     assert not any(processes_of(u) for u in sb.uids)
