@@ -98,8 +98,9 @@ class ScriptedProvider(Provider):
         return self._next(request)
 
     async def chat_stream(self, request: MessageRequest) -> AsyncIterator[StreamEvent]:
-        if self.delay:
-            await asyncio.sleep(self.delay)
+        # a stream's first event comes after the request went out: the event loop turns at least once
+        # (as with a real server), so other tasks (a stream's subscriber) run before the deltas do
+        await asyncio.sleep(self.delay)
         response = self._next(request)
         for event in events_for(response):
             parts = [event]
@@ -107,6 +108,5 @@ class ScriptedProvider(Provider):
                 n = self.chunk_chars
                 parts = [TextDelta(event.index, event.text[i:i + n]) for i in range(0, len(event.text), n)]
             for part in parts:
-                if self.stream_delay:
-                    await asyncio.sleep(self.stream_delay)
+                await asyncio.sleep(self.stream_delay)  # each read of a real stream lets the loop turn
                 yield part

@@ -1,5 +1,9 @@
 """In-process store: the default of the Python API. Resume works within the process; nothing
-survives it (use :class:`~fsm_agent.store.sqlite.SQLiteStore` for that)."""
+survives it (use :class:`~fsm_agent.store.sqlite.SQLiteStore` for that).
+
+Event payloads and checkpoint data are kept as JSON bytes, as the SQLite store keeps them: a
+session's log costs its encoded size (not a tree of Python objects), and what a reader gets back
+is a fresh value, never an object another reader or the writer holds."""
 
 from __future__ import annotations
 
@@ -7,6 +11,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+import orjson
 from attrs import evolve
 
 from ..errors import LeaseLost, SessionConflictError, SessionExistsError
@@ -36,8 +41,10 @@ class MemoryStore(Store):
 
     def __init__(self) -> None:
         self._sessions: dict[str, SessionRecord] = {}
-        self._events: dict[str, list[EventRecord]] = {}
-        self._checkpoints: dict[str, Checkpoint] = {}
+        self._events: dict[str, list[tuple[Any, ...]]] = {}
+        """Per session: (seq, type, turn_id, ts, event_id, schema_version, payload as JSON bytes)."""
+        self._checkpoints: dict[str, tuple[Checkpoint, bytes]] = {}
+        """By id: the checkpoint without its data, and the data as JSON bytes."""
         self._latest: dict[str, str] = {}
         self._ledger: dict[str, dict[str, LedgerEntry]] = {}
         self._controls: dict[str, list[ControlRecord]] = {}
@@ -69,16 +76,20 @@ class MemoryStore(Store):
         if batch.expected_owner is not None and s.lease_owner != batch.expected_owner:
             raise LeaseLost(f"session {batch.session_id} is leased by {s.lease_owner}, not {batch.expected_owner}")
         log = self._events[batch.session_id]
+        last = log[-1][0] if log else 0
         for e in batch.events:
-            if e.seq != (log[-1].seq if log else 0) + 1:
-                raise SessionConflictError(batch.session_id, e.seq, log[-1].seq if log else 0)
-            log.append(e)
-        if batch.checkpoint is not None:
-            self._checkpoints[batch.checkpoint.checkpoint_id] = batch.checkpoint
-            self._latest[batch.session_id] = batch.checkpoint.checkpoint_id
+            if e.seq != last + 1:
+                raise SessionConflictError(batch.session_id, e.seq, last)
+            last = e.seq
+        log.extend((e.seq, e.type, e.turn_id, e.ts, e.event_id, e.schema_version, orjson.dumps(e.payload))
+                   for e in batch.events)
+        ck = batch.checkpoint
+        if ck is not None:
+            self._checkpoints[ck.checkpoint_id] = (evolve(ck, data={}), orjson.dumps(ck.data))
+            self._latest[batch.session_id] = ck.checkpoint_id
         for entry in batch.ledger:
             self._ledger.setdefault(batch.session_id, {})[entry.call_id] = entry
-        changes: dict[str, Any] = {"updated_at": time.time(), "last_seq": log[-1].seq if log else 0}
+        changes: dict[str, Any] = {"updated_at": time.time(), "last_seq": last}
         if batch.state is not None:
             changes["state"] = batch.state
         if batch.stop is not None:
@@ -87,15 +98,17 @@ class MemoryStore(Store):
 
     async def read_events(self, session_id: str, after_seq: int = 0, until_seq: int | None = None,
                           types: Sequence[str] | None = None) -> list[EventRecord]:
-        return [e for e in self._events.get(session_id, ())
-                if e.seq > after_seq and (until_seq is None or e.seq <= until_seq) and (types is None or e.type in types)]
+        return [EventRecord(session_id, seq, type_, orjson.loads(payload), turn_id, ts, event_id, version)
+                for seq, type_, turn_id, ts, event_id, version, payload in self._events.get(session_id, ())
+                if seq > after_seq and (until_seq is None or seq <= until_seq) and (types is None or type_ in types)]
 
     async def latest_checkpoint(self, session_id: str) -> Checkpoint | None:
         cid = self._latest.get(session_id)
-        return self._checkpoints.get(cid) if cid else None
+        return await self.get_checkpoint(cid) if cid else None
 
     async def get_checkpoint(self, checkpoint_id: str) -> Checkpoint | None:
-        return self._checkpoints.get(checkpoint_id)
+        kept = self._checkpoints.get(checkpoint_id)
+        return None if kept is None else evolve(kept[0], data=orjson.loads(kept[1]))
 
     async def ledger(self, session_id: str) -> dict[str, LedgerEntry]:
         return dict(self._ledger.get(session_id, {}))
