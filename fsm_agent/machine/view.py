@@ -113,6 +113,9 @@ class _MachineView:
     def __setattr__(self, name: str, value: Any) -> NoReturn:
         _refuse("ctx.machine (only the runtime moves the machine)")
 
+    def __delattr__(self, name: str) -> NoReturn:
+        _refuse("ctx.machine (only the runtime moves the machine)")
+
     def __repr__(self) -> str:
         return f"MachineView(state={self._m.state.value})"
 
@@ -148,6 +151,9 @@ class _ToolsView:
         _refuse("ctx.tools (tools are given to the Agent)")
 
     def __setattr__(self, name: str, value: Any) -> NoReturn:
+        _refuse("ctx.tools (tools are given to the Agent)")
+
+    def __delattr__(self, name: str) -> NoReturn:
         _refuse("ctx.tools (tools are given to the Agent)")
 
     def __repr__(self) -> str:
@@ -210,6 +216,9 @@ class RunView:
             object.__setattr__(self, name, value)
             return
         _refuse(f"ctx.{name}")
+
+    def __delattr__(self, name: str) -> NoReturn:
+        raise ContextWriteError(f"ctx.{name} cannot be deleted by plugins; {_HOW}")
 
     # -- set by the runtime -----------------------------------------------------------------------
     def _bind(self, host: Any) -> None:

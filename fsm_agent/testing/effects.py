@@ -608,9 +608,16 @@ class ReplayingPort:
                 return
 
     def _never_asked(self, i: int) -> None:
-        """The recording delivers to effect ``i`` what the replayed run did not wait for."""
-        e = self.segment.effects[i]
-        self._diverge(i, e, None, None)
+        """The recording delivers to effect ``i`` (a result, a timer, a control ...) what the replayed run
+        did not ask for: the run waits elsewhere."""
+        waiting = [j for j, w in sorted(self.awaited.items()) if not w.over]
+        if i >= self.next and waiting:  # it waits for an effect the live run was cut from (from outside)
+            self._never_answered(waiting[0])
+            return
+        at = min(i, self.next)
+        e = self.segment.effects[at]
+        self._diverge(at, e, None, None, actual_text=None if i < self.next else
+                      "nothing: the replayed run waits outside its effects (a plugin's own sleep or I/O?)")
 
     async def _await(self, i: int, trace: ModelTrace | None = None,
                      handlers: dict[str, Callable[..., Awaitable[None]] | None] | None = None) -> Any:

@@ -10,13 +10,21 @@ requests, and the recording's event log equal byte for byte to what the live sto
 from __future__ import annotations
 
 import asyncio
+import copy
+import pickle
 import random
 from typing import Any
 
 import pytest
 
 from fsm_agent import Agent, MemoryStore, Middleware, RunConfig, ScriptedProvider, StopReason, StopRun, tool
+from attrs import evolve
+
 from fsm_agent.control import Decision
+from fsm_agent.errors import ReplayDivergence
+from fsm_agent.testing import EffectRecording
+from fsm_agent.testing.effects import _dumps
+from fsm_agent.types import RunResult, TextBlock, UserMessage
 from fsm_agent.providers import text_response, tool_call_response
 from fsm_agent.types import ToolUseBlock
 
@@ -406,6 +414,8 @@ async def test_a_control_in_each_phase_replays(phase: str, kind: str) -> None:
     first, last = rt.results[0].stop, rt.results[-1].stop
     if kind == "cancel":
         assert last.reason is StopReason.CANCELLED, [r.stop for r in rt.results]
+        if phase in ("MidTurn", "PostTurn"):  # a side effect had happened: it was compensated
+            assert compensated, [r.stop for r in rt.results]
     else:
         assert last.reason is StopReason.COMPLETED, [r.stop for r in rt.results]
     if kind == "interrupt":
@@ -736,3 +746,268 @@ async def _last_seq(db: Any) -> int:
         return rec.last_seq
     finally:
         await store.close()
+
+
+# -- a changed effect, a changed prompt or plugin: ReplayDivergence at the first effect it changes ---------------
+class _Note(Middleware):
+    """A plugin that adds a note to the context of each model call."""
+
+    name = "note"
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    async def pre_turn(self, ctx: Any) -> None:
+        ctx.messages = [*ctx.messages, UserMessage(self.text)]
+
+
+def _base_agent(live: bool, *, system_prompt: str = "You are careful.", note: str = "Note: be brief.",
+                ref: list[Agent] | None = None) -> Agent:
+    """Two parallel calls; while the second runs, a Steer is sent through the store; then the answer."""
+
+    @tool
+    async def slow(n: int) -> str:
+        """Wait a little, then answer.
+
+        Args:
+            n: which call.
+        """
+        if n == 2 and ref:
+            await ref[0].control(SID, _control("steer", "Steer: mind the totals"))
+        await asyncio.sleep(0.01 * n)
+        return f"result {n}"
+
+    script = [tool_call_response(ToolUseBlock("c1", "slow", {"n": 1}), ToolUseBlock("c2", "slow", {"n": 2})),
+              "the final answer"]
+    agent = Agent(ScriptedProvider(script) if live else never_called(), tools=[slow], store=MemoryStore(),
+                  system_prompt=system_prompt, middleware=[_Note(note)], config=RunConfig(stream=True))
+    if ref is not None:
+        ref[:] = [agent]
+    return agent
+
+
+async def _recorded_base() -> tuple[EffectRecording, RunResult]:
+    rec = EffectRecording()
+    ref: list[Agent] = []
+    result = await _base_agent(True, ref=ref).run("Add the results", session_id=SID, port=rec.record)
+    assert result.stop.reason is StopReason.COMPLETED
+    assert any("Steer: mind the totals" in m.text for m in result.messages if isinstance(m, UserMessage))
+    return rec, result
+
+
+def _copy(rec: EffectRecording) -> EffectRecording:
+    return EffectRecording(copy.deepcopy(rec.segments))
+
+
+def _holds(obj: Any, pred: Any) -> bool:
+    """Whether ``pred`` holds for any leaf of the JSON-like ``obj``."""
+    if isinstance(obj, dict):
+        return any(_holds(v, pred) for v in obj.values())
+    if isinstance(obj, list):
+        return any(_holds(v, pred) for v in obj)
+    return bool(pred(obj))
+
+
+def _first_using(rec: EffectRecording, after: int, pred: Any) -> int:
+    """The first effect after ``after`` whose arguments hold a leaf for which ``pred`` holds."""
+    effects = rec.segments[0].effects
+    return next(j for j in range(after + 1, len(effects)) if _holds(effects[j].args, pred))
+
+
+def _done(rec: EffectRecording, i: int) -> int:
+    """The position of effect ``i``'s result among the segment's arrivals."""
+    return next(k for k, (what, j, _) in enumerate(rec.segments[0].arrivals) if what == "done" and j == i)
+
+
+def _change_result(rec: EffectRecording, i: int, change: Any) -> None:
+    """Replace effect ``i``'s recorded result by ``change(result)``."""
+    arrivals = rec.segments[0].arrivals
+    k = _done(rec, i)
+    kind, value = pickle.loads(arrivals[k][2])
+    arrivals[k] = ("done", i, _dumps((kind, change(value))))
+
+
+async def _diverges(rec: EffectRecording, agent: Agent | None = None) -> ReplayDivergence:
+    agent = agent or _base_agent(False)
+    with pytest.raises(ReplayDivergence) as info:
+        await agent.run("Add the results", session_id=SID, port=rec.replay)
+        rec.check()
+    return info.value
+
+
+def _index(rec: EffectRecording, kind: str, pred: Any = lambda args: True) -> int:
+    return next(i for i, e in enumerate(rec.segments[0].effects) if e.kind == kind and pred(e.args))
+
+
+async def test_the_base_recording_replays_exactly() -> None:
+    rec, live = await _recorded_base()
+    replayed = await _base_agent(False).run("Add the results", session_id=SID, port=rec.replay)
+    rec.check()
+    assert replayed == live
+
+
+async def test_a_changed_tool_result_diverges_where_the_result_is_first_written() -> None:
+    rec, _ = await _recorded_base()
+    changed = _copy(rec)
+    i = _index(changed, "run_tool", lambda a: a["call"]["id"] == "c1")
+    _change_result(changed, i, lambda r: evolve(r, content=(TextBlock("result 999"),)))
+    want = _first_using(rec, i, lambda leaf: leaf == "result 1")
+    div = await _diverges(changed)
+    assert div.index == want and rec.segments[0].effects[want].kind == "store.write"
+    assert div.difference.endswith("message.content[0].text"), div.difference
+
+
+async def test_a_changed_model_response_diverges_where_the_answer_is_first_written() -> None:
+    rec, _ = await _recorded_base()
+    changed = _copy(rec)
+    i = [j for j, e in enumerate(changed.segments[0].effects) if e.kind == "call_model"][-1]
+    _change_result(changed, i, lambda r: evolve(r, message=evolve(r.message, content=(TextBlock("another"),))))
+    want = _first_using(rec, i, lambda leaf: leaf == "the final answer")
+    div = await _diverges(changed)
+    assert div.index == want and rec.segments[0].effects[want].kind == "store.write"
+    assert div.difference.endswith("message.content[0].text"), div.difference
+
+
+async def test_a_changed_clock_value_diverges_where_it_is_first_used() -> None:
+    rec, _ = await _recorded_base()
+    effects = rec.segments[0].effects
+    # a wall-clock reading that a later write carries (an event's timestamp)
+    i = next(j for j, e in enumerate(effects) if e.kind == "now" and any(
+        e2.kind == "store.write" and _holds(e2.args, lambda leaf, v=e.value: leaf == v) for e2 in effects[j + 1:]))
+    changed = _copy(rec)
+    changed.segments[0].effects[i].value += 1.5
+    want = _first_using(rec, i, lambda leaf: leaf == effects[i].value)
+    div = await _diverges(changed)
+    assert div.index == want
+    assert div.difference.endswith(("ts", "created_at", "updated_at")), div.difference
+
+
+async def test_a_changed_monotonic_reading_diverges_at_the_deadline_it_sets() -> None:
+    rec, _ = await _recorded_base()
+    effects = rec.segments[0].effects
+    timer = _index(rec, "call_later")  # the wall-clock deadline of the first model call
+    i = max(j for j in range(timer) if effects[j].kind == "monotonic")
+    changed = _copy(rec)
+    changed.segments[0].effects[i].value -= 7.0
+    div = await _diverges(changed)
+    assert div.index == timer and div.difference == "delay", (div.index, timer, div)
+
+
+async def test_a_changed_control_diverges_where_the_control_is_logged() -> None:
+    rec, _ = await _recorded_base()
+    i = next(j for j, e in enumerate(rec.segments[0].effects) if e.kind == "store.take_controls"
+             and "steer" in e.args["a"][1] and _taken(rec, j))
+    changed = _copy(rec)
+    _change_result(changed, i, lambda taken: [evolve(c, text="Steer: ignore the totals") for c in taken])
+    want = _first_using(rec, i, lambda leaf: leaf == "Steer: mind the totals")
+    div = await _diverges(changed)
+    assert div.index == want and rec.segments[0].effects[want].kind == "store.write"
+    assert div.difference.endswith("text"), div.difference
+
+
+def _taken(rec: EffectRecording, i: int) -> bool:
+    kind, value = pickle.loads(rec.segments[0].arrivals[_done(rec, i)][2])
+    return kind == "ok" and bool(value)
+
+
+async def test_a_control_not_taken_diverges_at_once() -> None:
+    rec, _ = await _recorded_base()
+    i = next(j for j, e in enumerate(rec.segments[0].effects) if e.kind == "store.take_controls" and _taken(rec, j))
+    changed = _copy(rec)
+    _change_result(changed, i, lambda taken: [])
+    div = await _diverges(changed)
+    assert i < div.index <= _first_using(rec, i, lambda leaf: leaf == "Steer: mind the totals")
+
+
+async def test_a_changed_system_prompt_diverges_at_the_first_write_of_it() -> None:
+    rec, _ = await _recorded_base()
+    want = _first_using(rec, -1, lambda leaf: leaf == "You are careful.")
+    div = await _diverges(rec, _base_agent(False, system_prompt="You are reckless."))
+    assert div.index == want and rec.segments[0].effects[want].kind == "store.write"
+    assert div.difference.endswith("content[0].text"), div.difference
+    assert (div.expected or "").startswith("store.write(") and (div.actual or "").startswith("store.write(")
+
+
+async def test_a_changed_plugin_diverges_at_the_first_request_it_changes() -> None:
+    rec, _ = await _recorded_base()
+    want = _index(rec, "call_model")
+    div = await _diverges(rec, _base_agent(False, note="Note: be thorough."))
+    assert div.index == want
+    assert div.difference.startswith("request.messages["), div.difference
+
+
+async def test_a_replay_that_stops_early_or_runs_on_is_named() -> None:
+    rec, _ = await _recorded_base()
+    cut = _copy(rec)
+    del cut.segments[0].effects[-3:]
+    with pytest.raises(ReplayDivergence) as info:
+        await _base_agent(False).run("Add the results", session_id=SID, port=cut.replay)
+    assert info.value.expected is None and info.value.index == len(cut.segments[0].effects)
+    await _base_agent(False).run("Add the results", session_id=SID, port=rec.replay)
+    with pytest.raises(ReplayDivergence) as more:  # a second segment the recording does not have
+        await _base_agent(False).resume(SID, port=rec.replay)
+    assert more.value.difference == "the recording has 1 segment(s)" and "segment (#2)" in str(more.value)
+
+
+async def test_a_run_cut_from_outside_does_not_hang_its_replay() -> None:
+    """The caller cancels the live run's task while a tool runs (not an effect of the run): its replay
+    cannot know, and raises ReplayDivergence naming the tool call it would wait for forever."""
+    rec = EffectRecording()
+    live = Agent(ScriptedProvider(_three_calls()), tools=[_slow_tool({0: 5.0, 1: 5.0, 2: 5.0})], store=MemoryStore())
+    task = asyncio.ensure_future(live.run("do three things", session_id=SID, port=rec.record))
+    while not any(e.kind == "run_tool" for e in (rec.segments[0].effects if rec.segments else ())):
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0.05)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    replay = Agent(never_called(), tools=[_slow_tool({})], store=MemoryStore())
+    with pytest.raises(ReplayDivergence) as info:
+        await asyncio.wait_for(replay.run("do three things", session_id=SID, port=rec.replay), 60)
+    div = info.value
+    assert rec.segments[0].effects[div.index].kind == "run_tool"
+    assert "never answered" in (div.expected or "") and "cut" in div.difference
+
+
+# -- save and load; determinism ------------------------------------------------------------------------------
+async def test_a_saved_recording_loads_and_replays(tmp_path: Any) -> None:
+    rec, live = await _recorded_base()
+    path = tmp_path / "run.effects"
+    rec.save(path)
+    loaded = EffectRecording.load(path)
+    assert loaded.requests == rec.requests and loaded.events == rec.events
+    replayed = await _base_agent(False).run("Add the results", session_id=SID, port=loaded.replay)
+    loaded.check()
+    assert replayed == live
+
+
+async def _noise(stop: asyncio.Event) -> None:
+    """Random event-loop traffic beside a replay."""
+    while not stop.is_set():
+        await asyncio.sleep(random.choice((0, 0, 0.001, 0.003)))
+
+
+@pytest.mark.parametrize("attempt", range(3))
+async def test_replays_of_parallel_tools_in_a_random_order_are_deterministic(attempt: int) -> None:
+    """Each live run's tools finish in a random order; each of its replays (five, beside random event-loop
+    traffic) ends with the same result, the same requests and the same log."""
+    delays = {n: random.uniform(0.0, 0.03) for n in range(3)}
+    rec = EffectRecording()
+    live = await Agent(ScriptedProvider(_three_calls()), tools=[_slow_tool(delays)], store=MemoryStore(),
+                       config=RunConfig(stream=True)).run("do three things", session_id=SID, port=rec.record)
+    order = [r.tool_call_id for r in live.messages if r.role == "tool"]
+    assert sorted(order) == ["c0", "c1", "c2"]
+    for _ in range(5):
+        copy_ = _copy(rec)
+        stop = asyncio.Event()
+        noise = [asyncio.ensure_future(_noise(stop)) for _ in range(3)]
+        try:
+            replayed = await Agent(never_called(), tools=[_slow_tool({})], store=MemoryStore(),
+                                   config=RunConfig(stream=True)).run("do three things", session_id=SID,
+                                                                      port=copy_.replay)
+            copy_.check()
+        finally:
+            stop.set()
+            await asyncio.gather(*noise)
+        assert replayed == live
+        assert [r.tool_call_id for r in replayed.messages if r.role == "tool"] == order
