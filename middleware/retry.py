@@ -93,8 +93,8 @@ class RetryFallback(Middleware):
         fallback_on: error kinds (``ProviderError.kind``, e.g. ``"authentication"``,
             ``"quota_exceeded"``) that also go to the next provider although not retryable.
         fallback_attempts: logical calls per fallback provider.
-        rng: ``() -> float`` in [0, 1) for the jitter (default ``random.random``).
-        sleep: ``async (seconds) -> None`` used to wait (default ``asyncio.sleep``).
+        rng: ``() -> float`` in [0, 1) for the jitter (default ``ctx.random``, the run's: a replay draws alike).
+        sleep: ``async (seconds) -> None`` used to wait (default ``ctx.sleep``, the run's timers).
         policy: a whole :class:`~fsm_agent.providers.RetryPolicy` (e.g. the one given to the
             provider's ``ProviderConfig``), used instead of the five arguments above.
 
@@ -185,7 +185,9 @@ class RetryFallback(Middleware):
                                                "kind": exc.kind, "status": exc.status, "waited": waited})
                     if isinstance(exc, ContextLengthExceededError) and not self.rule.falls_back(exc):
                         raise
-                    wait = self.policy.delay(exc, attempt, attempts=attempts, remaining=ctx.remaining_wall_clock)
+                    # chance and waits through the run's context, so that a replay of the run waits alike
+                    wait = self.policy.delay(exc, attempt, ctx.random if self.policy.rng is None else None,
+                                             attempts=attempts, remaining=ctx.remaining_wall_clock)
                     if wait is None:
                         log.info("model call via %s failed (%s); no retry on this provider", _name(provider, ctx),
                                  exc.kind)
@@ -195,7 +197,7 @@ class RetryFallback(Middleware):
                     ctx.emit(ModelRetry(ctx.session_id, ctx.turn, attempt, exc.status, exc.kind, exc.message[:2000],
                                         wait, server_hint=exc.retry_after is not None,
                                         provider=exc.provider or _name(provider, ctx), layer="retry"))
-                    await self.policy.wait(wait)
+                    await (ctx.sleep(wait) if self.policy.sleep is None else self.policy.wait(wait))
                     waited = wait
                     continue
                 answered = {"provider": response.provider or _name(provider, ctx),

@@ -1011,3 +1011,27 @@ async def test_replays_of_parallel_tools_in_a_random_order_are_deterministic(att
             await asyncio.gather(*noise)
         assert replayed == live
         assert [r.tool_call_id for r in replayed.messages if r.role == "tool"] == order
+
+
+async def test_the_retry_plugin_waiting_out_a_retry_after_replays() -> None:
+    """The ``retry`` plugin's own retry (Retry-After 429, then a server error with a backoff) waits and
+    draws its jitter through the context, so its replay waits on the recorded timers."""
+    from fsm_agent.errors import RateLimitError, ServerError
+    from fsm_agent_middleware.retry import RetryFallback
+
+    def build(live: bool) -> Agent:
+        script: list[Any] = [RateLimitError("slow down", status=429, headers={"retry-after": "0.05"}),
+                             ServerError("try again", status=503), "answered on the third try"]
+        return Agent(ScriptedProvider(script) if live else never_called(), store=MemoryStore(),
+                     middleware=[RetryFallback(max_attempts=3, initial_delay=0.01, max_delay=0.05)])
+
+    async def drive(agent: Agent, port: Any, live: bool) -> list[Outcome]:
+        return [await outcome_of(agent.run("answer", session_id=SID, port=port))]
+
+    rt = await roundtrip(build, drive, SID)
+    assert rt.results[0].output == "answered on the third try"
+    retries = [e["payload"] for e in rt.recording.events if e["type"] == "model_retry"]
+    assert [(r["layer"], r["status"]) for r in retries] == [("retry", 429), ("retry", 503)]
+    assert retries[0]["delay_s"] == 0.05 and 0.01 <= retries[1]["delay_s"] <= 0.05
+    waits = [e.args["delay"] for e in rt.recording.segments[0].effects if e.kind == "call_later"]
+    assert 0.05 in waits and retries[1]["delay_s"] in waits  # the waits are the port's timers
