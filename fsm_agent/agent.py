@@ -28,7 +28,6 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-import orjson
 from attrs import evolve
 
 from .chain import MiddlewareChain
@@ -48,7 +47,8 @@ from .machine.view import RunView
 from .middleware import Middleware
 from .pricing import cost_usd
 from .providers.base import Provider
-from .store.base import QUEUED, ControlKind, ControlRecord, LedgerEntry, LedgerStatus, SessionRecord, Store
+from .store.base import QUEUED, ControlKind, LedgerEntry, LedgerStatus, SessionRecord, Store
+from .store.decisions import DecisionOutcome, merge_decisions, read_decisions, write_decision
 from .store.memory import MemoryStore
 from .store.sessions import LoadedSession, load_session, send_control
 from .tools.registry import Tool, ToolRegistry
@@ -335,7 +335,8 @@ class Agent:
 
         Args:
             decisions: for WAITING_HUMAN, a :class:`~fsm_agent.control.Decision` per pending tool-call id.
-                Calls without one stay pending (the run stops WAITING_HUMAN again).
+                Decisions taken before through :meth:`decide` (or the server's approval route) are
+                applied too; calls without one stay pending (the run stops WAITING_HUMAN again).
             confirm_cancel: for a cancel waiting on uncompensated side effects: confirm it.
             port: the effects of this run segment (see :data:`PortFactory`; default: :meth:`live_port`).
             limits: raised budgets (``max_iterations=80``, ``max_wall_clock=1200`` ...) for a PAUSED_BUDGET run.
@@ -356,11 +357,16 @@ class Agent:
 
         Raises:
             SessionEndedError: the session ended for good; carries its stored result.
+            DecisionRefused: a decision in ``decisions`` differs from the one taken before for that
+                call (through :meth:`decide` or the server); a :class:`ResumeError`.
             ResumeError: see :meth:`check_resume`; also when another worker takes the lease first.
         """
         effects = self._port(port)
         store = effects.store
         loaded = await self._check_resume(store, session_id, decisions, effects.now())
+        if loaded.record.state == StopReason.WAITING_HUMAN.value:
+            # the decisions written through the one writer (Agent.decide, the server) answer the calls they name
+            decisions = merge_decisions(decisions, await read_decisions(store, loaded.record))
         if not await store.acquire_lease(session_id, self.worker_id, self.lease_ttl):
             fresh = await store.get_session(session_id)
             owner = fresh.lease_owner if fresh is not None else None
@@ -429,10 +435,22 @@ class Agent:
         text = str(getattr(control, "text", None) or getattr(control, "reason", ""))
         await send_control(self.store, session_id, kind, text)
 
-    async def decide(self, session_id: str, call_id: str, decision: Decision) -> None:
-        """Deliver a decision to a run waiting in process (Hang-Wait, ``RunConfig.approval_timeout``)."""
-        text = orjson.dumps({"call_id": call_id, "decision": unstructure(decision)}).decode()
-        await self.store.push_control(ControlRecord(session_id, ControlKind.DECISION, text))
+    async def decide(self, session_id: str, call_id: str, decision: Decision) -> DecisionOutcome:
+        """Take a person's decision on a pending tool call, through the one writer of decisions
+        (:func:`fsm_agent.store.decisions.write_decision`; the server's approval route and A2A use it
+        too). A run waiting in process (Hang-Wait, ``RunConfig.approval_timeout``) takes it at once,
+        on any worker; a session stopped WAITING_HUMAN takes it at its next :meth:`resume`.
+
+        The same decision again returns the first one's outcome (``replayed``); nothing is taken twice.
+
+        Raises:
+            DecisionRefused: the session waits for no decision on ``call_id`` now (``not_waiting``,
+                ``not_pending``), the call does not allow this kind (``not_allowed``), an edit's
+                arguments break the tool's schema (``bad_arguments``), a different decision was taken
+                first (``conflict``); a :class:`ResumeError`.
+            ConfigurationError: the agent's store keeps no idempotency keys.
+        """
+        return await write_decision(self.store, session_id, call_id, decision, tools=self.tools)
 
     def run_sync(self, task: str | Message | Sequence[Message], **kw: Any) -> RunResult:
         """:meth:`run` from synchronous code (starts and closes an event loop)."""

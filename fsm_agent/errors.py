@@ -12,7 +12,10 @@
     │   ├── ContextWriteError (+AttributeError)  a plugin wrote to a read-only part of its RunContext
     │   ├── ResumeError                resuming a session that cannot be resumed
     │   │   ├── SessionBusyError       another worker (or this agent) drives it now
-    │   │   └── SessionEndedError      it ended for good; carries its stored ``result``
+    │   │   ├── SessionEndedError      it ended for good; carries its stored ``result``
+    │   │   └── DecisionRefused        a person's decision that cannot be taken (no such pending
+    │   │                              call, a kind it does not allow, bad edited arguments, a
+    │   │                              different decision made first); ``kind`` says which
     │   ├── SessionExistsError (+KeyError)  a new run given the id of a session that exists
     │   └── SessionLinkError           a child session id already linked to another parent (or call)
     └── RunError                       a failure while a run is under way
@@ -83,6 +86,7 @@ __all__ = [
     "ContentFilteredError",
     "ContextLengthExceededError",
     "ContextWriteError",
+    "DecisionRefused",
     "EmptyResponseError",
     "ExtraTypeError",
     "FsmAgentError",
@@ -157,6 +161,27 @@ class ContextWriteError(UserError, AttributeError):
 
 class ResumeError(UserError):
     """The session cannot be resumed (it ended COMPLETED, FAILED_TERMINAL or CANCELLED, or is unknown)."""
+
+
+class DecisionRefused(ResumeError):
+    """A person's decision on a pending tool call that cannot be taken
+    (:func:`fsm_agent.store.decisions.write_decisions`, the one writer of decisions).
+
+    Attributes:
+        kind: why: ``unknown_session``; ``not_waiting`` (the session waits for no decision now);
+            ``not_pending`` (no such pending call); ``not_allowed`` (a kind the call does not
+            allow); ``bad_arguments`` (an edit whose arguments break the tool's schema);
+            ``conflict`` (a different decision on the same question was taken first).
+        call_id: the tool call the decision was for.
+        prior: for ``conflict``, the decision taken first (a :class:`~fsm_agent.control.Decision`),
+            else ``None``.
+    """
+
+    def __init__(self, kind: str, message: str, *, call_id: str = "", prior: Any = None) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.call_id = call_id
+        self.prior = prior
 
 
 class SessionBusyError(ResumeError):

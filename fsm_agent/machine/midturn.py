@@ -9,7 +9,10 @@ Per call, in the model's order:
    person (``unknown_outcome``); a ``pure`` or ``idempotent`` call runs again with the same
    idempotency key. A person's approval replayed from a checkpoint cannot run it twice.
 2. **A person's decision** (given at resume, or in process with Hang-Wait): approve, edit,
-   reject, respond. It is written to the ledger at once.
+   reject, respond. It is written to the ledger at once. Hang-Wait logs the question
+   (``decisions_awaited``), reads the answers through the one reader of decisions
+   (:func:`fsm_agent.store.decisions.read_decisions`, on the port's store) and logs what it took
+   (``decisions_taken``); a ``decision`` control is only a wake-up.
 3. **Policy**: ``on_tool_call`` of each middleware (allow, deny, ask, edit, respond).
 
 Calls to run get ``approved`` and then ``started`` (one durable write for the batch when any has
@@ -32,13 +35,13 @@ import asyncio
 import time
 from typing import Any
 
-import orjson
 from attrs import evolve
 
 from ..control import Decision
 from ..errors import SuspendCall, ToolArgumentsError, WaitForHuman
 from ..middleware import AskApproval, Deny, Edit, Respond
 from ..store.base import ControlKind, LedgerStatus
+from ..store.decisions import DECISIONS_AWAITED, DECISIONS_TAKEN, read_decisions
 from ..tools.registry import RUN_AGAIN, ToolEffect
 from ..types.codec import structure, unstructure
 from ..types.content import ToolUseBlock
@@ -271,23 +274,33 @@ class MidTurn:
             raise
 
     async def _hang_wait(self, pending: list[PendingAction]) -> tuple[list[PendingAction], list[Any]]:
-        """Hang-Wait: wait in process (up to ``approval_timeout`` seconds) for decisions on the pending calls."""
+        """Hang-Wait: wait in process (up to ``approval_timeout`` seconds) for decisions on the pending calls.
+
+        The question goes into the log first (``decisions_awaited``, committed), so that the one
+        writer of decisions (:func:`fsm_agent.store.decisions.write_decisions`) can check a
+        decision against it from any process. The answers are read through the one reader, on the
+        port's store; a ``decision`` control only wakes the wait up before its next look."""
         h = self.h
         port = h.port
-        deadline = port.monotonic() + (h.run_state.config.approval_timeout or 0)
+        timeout = h.run_state.config.approval_timeout or 0
+        deadline = port.monotonic() + timeout
         waiting = {p.call.id: p for p in pending}
+        h.record(DECISIONS_AWAITED, {"pending_actions": [unstructure(p) for p in pending], "timeout": timeout})
+        assert h.journal is not None
+        await h.journal.flush()
         decided: list[Any] = []
         while waiting:
+            answers = await read_decisions(port.store, h.session_id, waiting)
+            if answers:
+                h.record(DECISIONS_TAKEN, {"decisions": {cid: unstructure(d) for cid, d in answers.items()}})
+                for cid, decision in answers.items():
+                    p = waiting.pop(cid)
+                    decided.append((p.call, *self.decided(p.call, decision)))
+                continue
             left = deadline - port.monotonic()
             if left <= 0:
                 break
-            for c in await h.take(ControlKind.DECISION, wait=left):
-                data = _decision_of(c.text)
-                if data is None or data[0] not in waiting:
-                    continue
-                p = waiting.pop(data[0])
-                run_call, res, status = self.decided(p.call, data[1])
-                decided.append((p.call, run_call, res, status))
+            await h.take(ControlKind.DECISION, wait=left)  # a wake-up: a decision was written
         return list(waiting.values()), decided
 
     async def _run_tool(self, call: ToolUseBlock, decision: Decision | None = None) -> ToolResultMessage | None:
@@ -331,10 +344,3 @@ class MidTurn:
             self._observing.add(task)
             task.add_done_callback(self._observing.discard)
 
-
-def _decision_of(text: str) -> tuple[str, Decision] | None:
-    try:
-        data = orjson.loads(text)
-        return data["call_id"], structure(data["decision"], Decision)
-    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
-        return None

@@ -69,16 +69,16 @@ from aiohttp import web
 from attrs import field, frozen
 
 from ..control import Decision
-from ..errors import ConfigurationError, ResumeError, SessionExistsError
+from ..errors import ConfigurationError, DecisionRefused, ResumeError, SessionExistsError
 from ..config import RunConfig
 from ..store.base import QUEUED, ControlKind, EventRecord, SessionRecord
+from ..store.decisions import DECISION_KINDS, write_decisions
 from ..store.sessions import send_control
 from ..types.run import StopReason
 from .app import A2A_ID_PREFIX, AGENT_KEY, RUNNER_KEY, STORE_KEY, TAIL_KEY, TENANT, TENANTS_KEY
 from .auth import tenant_of
 from .notify import NotifyingStore
-from .runs import (DECISION_KEY, DECISION_KINDS, RESUME_LIMITS, SERVER_STOPPING, STOPPED_STATES, DecisionRefused,
-                   RunRequest, Runner, decision_key, decision_record, decision_rounds)
+from .runs import RESUME_LIMITS, SERVER_STOPPING, STOPPED_STATES, RunRequest, Runner
 from .sse import encode_frame
 from .tail import GONE_POLL, LogTail, client_gone
 
@@ -613,12 +613,6 @@ def _task_id_for(tenant: str, message_id: str) -> str:
     return A2A_ID_PREFIX + hashlib.sha256(f"{tenant}\0{message_id}".encode()).hexdigest()[:32]
 
 
-def _decision_kind(stored: Mapping[str, Any]) -> str:
-    """The kind of a stored decision record (``approve`` ...)."""
-    d = (stored.get("request") or {}).get("decision")
-    return str(d.get("kind") if isinstance(d, dict) else d)
-
-
 def _a2a_meta(rec: SessionRecord) -> dict[str, Any]:
     m = rec.metadata.get("a2a") if isinstance(rec.metadata, dict) else None
     return m if isinstance(m, dict) else {}
@@ -1034,7 +1028,6 @@ class _A2A:
                                                       "it takes no more messages; send a message without taskId (same "
                                                       "contextId) to start a new task")
             running = state in (SUBMITTED, WORKING)
-            decisions: dict[str, tuple[str, dict[str, Any]]] = {}
             if running:
                 if msg.decisions is not None or msg.limits is not None:
                     raise RpcError(INVALID_PARAMS, f"task {sid} is working: decisions and limits answer a task "
@@ -1042,16 +1035,13 @@ class _A2A:
                 if not msg.text.strip():
                     raise RpcError(INVALID_PARAMS, "params.message has no text to pass to the working task")
             else:
-                decisions = await self._check_answers(rec, msg)
+                self._check_answers(rec, msg)
             after = rec.last_seq
             if running:
                 await send_control(self.store, sid, ControlKind.FOLLOWUP, msg.text)
             else:
-                for call_id, (key_, value) in decisions.items():
-                    done, ok = await self.store.claim_idempotency_key(sid, key_, value)
-                    if not ok and done.get("request") != value["request"]:
-                        raise RpcError(INVALID_PARAMS, f"tool call {call_id!r} was already decided differently "
-                                                       f"({_decision_kind(done)}); a different decision is refused")
+                if msg.decisions:
+                    await self._decide(sid, msg.decisions)
                 if msg.text.strip():
                     await send_control(self.store, sid, ControlKind.STEER, msg.text)
                 await self.runner.submit(RunRequest(sid, "resume", limits=dict(msg.limits or {})))
@@ -1063,9 +1053,9 @@ class _A2A:
                 return rec, int(stored.get("after") or after), False
             return rec, after, True
 
-    async def _check_answers(self, rec: SessionRecord, msg: _Inbound) -> dict[str, tuple[str, dict[str, Any]]]:
-        """Check that a message answers what its stopped task waits for. Returns the decisions to
-        store, by call id: (idempotency key, record), as the approvals route stores them."""
+    def _check_answers(self, rec: SessionRecord, msg: _Inbound) -> None:
+        """Check that a message answers what its stopped task waits for (the decisions themselves
+        are checked by the one writer, :meth:`_decide`)."""
         sid, stop = rec.session_id, rec.stop or {}
         reason = _reason(stop) or rec.state
         pending = {p["call"]["id"]: p for p in stop.get("pending_actions") or ()} \
@@ -1084,24 +1074,18 @@ class _A2A:
             raise RpcError(INVALID_PARAMS, f"task {sid} is paused: {stop.get('detail') or 'a budget ran out'}; send a "
                                            f'data part {{"limits": {{"max_iterations": N}}}} raising it '
                                            f"({', '.join(_LIMITS)})")
-        out: dict[str, tuple[str, dict[str, Any]]] = {}
-        if not msg.decisions:
-            return out
-        tools = self.app[AGENT_KEY].tools
-        rounds = await decision_rounds(self.store, sid)
-        stored = await self.store.idempotency_records(sid, DECISION_KEY)
-        for call_id, decision in msg.decisions.items():
-            round_ = rounds.get(call_id, 0)
-            try:
-                record = decision_record(rec, call_id, decision, round_, tools)
-            except DecisionRefused as e:
-                raise RpcError(INVALID_PARAMS, f"decisions[{call_id!r}]: {e}") from e
-            earlier = stored.get(decision_key(call_id, round_))
-            if earlier is not None and earlier.get("request") != record["request"]:
-                raise RpcError(INVALID_PARAMS, f"tool call {call_id!r} was already decided differently "
-                                               f"({_decision_kind(earlier)}); a different decision is refused")
-            out[call_id] = (decision_key(call_id, round_), record)
-        return out
+
+    async def _decide(self, sid: str, decisions: Mapping[str, Decision]) -> None:
+        """Take a message's decisions through the one writer: all are checked before any is stored;
+        a repeat of a decision taken before is no error (the message's retry)."""
+        try:
+            await write_decisions(self.store, sid, decisions, tools=self.app[AGENT_KEY].tools)
+        except DecisionRefused as e:
+            if e.kind == "conflict":
+                first = e.prior.kind if e.prior is not None else "another decision"
+                raise RpcError(INVALID_PARAMS, f"tool call {e.call_id!r} was already decided differently ({first}); "
+                               "a different decision is refused") from e
+            raise RpcError(INVALID_PARAMS, f"decisions[{e.call_id!r}]: {e}") from e
 
     async def _wait_stopped(self, request: web.Request, sid: str, timeout: float) -> None:
         """Wait until no run of ``sid`` is queued or running and it stopped, or ``timeout`` seconds,

@@ -16,8 +16,9 @@ JSON in and out; every error is an RFC 9457 problem document (``application/prob
 * ``GET /sessions/{sid}``: the snapshot; ``GET /sessions?state=…&limit=…``: the tenant's sessions.
 * ``POST /sessions/{sid}/control`` ``{"kind": "interrupt"|"cancel"|"steer"|"followup", "text"?}``.
 * ``POST /sessions/{sid}/approvals/{call_id}`` ``{"decision": "approve"|"edit"|"reject"|"respond",
-  "arguments"?, "message"?, "is_error"?}``: idempotent (a repeat returns the first outcome; a
-  different decision for the same call is 409).
+  "arguments"?, "message"?, "is_error"?}``: through the one writer of decisions
+  (:func:`fsm_agent.store.decisions.write_decision`); idempotent (a repeat returns the first
+  outcome; a different decision for the same call is 409).
 * ``GET /sessions/{sid}/diagram``: the Mermaid source, current state and path (``?format=json``);
   ``?view=plan`` gives the session's PlanAct plan as a flowchart instead (404 without one), and the
   JSON form always carries ``plan`` and ``plan_mermaid`` (null without one).
@@ -42,9 +43,10 @@ from aiohttp import web
 from ..agent import Agent
 from ..control import Decision
 from ..diagrams import latest_plan, render_machine, render_plan
-from ..errors import ConfigurationError, ResumeError, SessionExistsError
+from ..errors import ConfigurationError, DecisionRefused, ResumeError, SessionExistsError
 from ..hooks import HookBus
 from ..store.base import QUEUED, ControlKind, SessionRecord, Store
+from ..store.decisions import DECISION_KINDS, read_decisions, write_decision
 from ..store.sessions import send_control
 from ..types.codec import unstructure
 from ..machine.phases import Phase
@@ -55,8 +57,7 @@ from .http import Problem, check_fields, json_body, json_response, opt_bool, opt
 from .notify import LiveDeltas, Notifier, NotifyingStore
 from .openapi import openapi_document
 from .review import add_review_routes
-from .runs import (DECISION_KINDS, RESUME_LIMITS, DecisionRefused, LocalRunner, RunRequest, Runner, decision_key,
-                   decision_record, decision_rounds, stored_decisions)
+from .runs import RESUME_LIMITS, LocalRunner, RunRequest, Runner
 from .tail import LogTail
 
 __all__ = ["AGENT_KEY", "RUNNER_KEY", "STORE_KEY", "TAIL_KEY", "Notifier", "NotifyingStore", "create_app"]
@@ -82,7 +83,8 @@ _STATES = frozenset({QUEUED} | {p.value for p in Phase} | {r.value for r in Stop
 
 _LIMITS = RESUME_LIMITS
 _REFUSED = {"not_pending": (404, "Not pending"), "not_waiting": (409, "Not waiting"),
-            "not_allowed": (409, "Decision not allowed"), "bad_arguments": (400, "Wrong field")}
+            "not_allowed": (409, "Decision not allowed"), "bad_arguments": (400, "Wrong field"),
+            "conflict": (409, "Conflict"), "unknown_session": (404, "Unknown session")}
 """The problem (status, title) of each DecisionRefused kind."""
 _MAX_SEQ = 2**63 - 1
 A2A_ID_PREFIX = "a2a-"
@@ -282,7 +284,7 @@ class _Server:
         except ResumeError as e:
             raise Problem(409, "Cannot resume", str(e)) from e
         if rec.state == StopReason.WAITING_HUMAN.value and not limits and not confirm \
-                and not await stored_decisions(self.store, rec) and not await self.store.peek_controls(
+                and not await read_decisions(self.store, rec) and not await self.store.peek_controls(
                     sid, [ControlKind.STEER, ControlKind.FOLLOWUP, ControlKind.CANCEL]):
             stop = rec.stop or {}
             pending = [p["call"]["id"] for p in stop.get("pending_actions") or ()]
@@ -421,32 +423,20 @@ class _Server:
     async def decide(self, request: web.Request) -> web.Response:
         rec = await self.session_of(request)
         sid, call_id = rec.session_id, _check_id(request.match_info["call_id"], "call id")
-        data = await json_body(request)
-        decision = self._decision(data)
-        value = {"call_id": call_id, "decision": unstructure(decision)}
-        describe = f"tool call {call_id!r}"
-        # A decision answers the question pending now about the call: round n, where n decisions of
-        # it were consumed by resumes. A repeat before it is consumed replays the first outcome.
-        round_ = (await decision_rounds(self.store, sid)).get(call_id, 0)
-        key = decision_key(call_id, round_)
-        replay = await self._idempotent(request, sid, key, value, describe)
-        if replay is not None:
-            return replay
+        decision = self._decision(await json_body(request))
         try:
-            record = decision_record(rec, call_id, decision, round_, self.agent.tools)
+            outcome = await write_decision(self.store, sid, call_id, decision, tools=self.agent.tools)
         except DecisionRefused as e:
-            if e.kind in ("not_pending", "not_waiting") and round_ > 0:
-                # a repeat after the decision was applied: the first outcome, nothing runs again
-                replay = await self._idempotent(request, sid, decision_key(call_id, round_ - 1), value, describe)
-                if replay is not None:
-                    return replay
             status, title = _REFUSED[e.kind]
+            if e.kind == "conflict":
+                first = {"call_id": call_id, "decision": unstructure(e.prior)} if e.prior is not None else None
+                raise Problem(status, title, f"tool call {call_id!r} was already answered with {first}; a different "
+                                             "request is refused") from e
             raise Problem(status, title, str(e)) from e
-        stored, first = await self.store.claim_idempotency_key(sid, key, record)
-        if not first:
-            return self._replay(stored, value, describe)
+        if outcome.replayed:
+            return json_response(outcome.to_json(), 200, {"Idempotent-Replayed": "true"})
         await self.runner.submit(RunRequest(sid, "resume"))
-        return json_response(record["outcome"], 202)
+        return json_response(outcome.to_json(), 202)
 
     @staticmethod
     def _decision(data: dict[str, Any]) -> Decision:

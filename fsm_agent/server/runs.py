@@ -3,11 +3,11 @@ the in-process :class:`LocalRunner`, and :func:`execute`, which carries out one 
 :class:`~fsm_agent.Agent` for every runner (in process here, or a worker of
 :mod:`fsm_agent.server.queue` on another host).
 
-Decisions are not carried in requests: the approval route stores each one under the idempotency
-key ``decision:<call id>#<round>`` (:meth:`~fsm_agent.store.base.Store.claim_idempotency_key`),
-and :func:`execute` reads the stored decisions for the calls pending when it resumes. Several
-decisions posted for one stop are all applied: after a run stops WAITING_HUMAN, :func:`execute`
-resumes again at once when stored decisions answer calls still pending.
+Decisions are not carried in requests: the approval route and A2A store each one through the one
+writer (:func:`fsm_agent.store.decisions.write_decisions`), and :func:`execute` reads, through the
+one reader (:func:`~fsm_agent.store.decisions.read_decisions`), the decisions that answer the calls
+pending when it resumes. Several decisions posted for one stop are all applied: after a run stops
+WAITING_HUMAN, :func:`execute` resumes again at once when stored decisions answer calls still pending.
 """
 
 from __future__ import annotations
@@ -21,26 +21,20 @@ from typing import Any, Literal
 from attrs import field, frozen
 
 from ..agent import Agent
-from ..control import Decision
-from ..errors import ResumeError, SessionBusyError, ToolArgumentsError
-from ..store.base import QUEUED, SessionRecord, Store
-from ..tools.registry import ToolRegistry
-from ..types.codec import structure, unstructure
+from ..errors import ResumeError, SessionBusyError
+from ..store.base import QUEUED, ControlKind, Store
+from ..store.decisions import read_decisions
 from ..types.run import RunResult, StopReason
 from .notify import Notifier
 
-__all__ = ["DECISION_KEY", "DECISION_KINDS", "RESUME_LIMITS", "SERVER_STOPPING", "STOPPED_STATES", "Busy", "DecisionRefused",
-           "LocalRunner", "RunRequest", "Runner", "decision_key", "decision_record", "decision_rounds",
-           "drain_tasks", "execute", "stored_decisions"]
+__all__ = ["RESUME_LIMITS", "SERVER_STOPPING", "STOPPED_STATES", "Busy", "LocalRunner", "RunRequest", "Runner",
+           "drain_tasks", "execute"]
 
 log = logging.getLogger("fsm_agent.server")
 
 STOPPED_STATES = frozenset(r.value for r in StopReason)
 """The session states of a stopped session (a StopReason's value); any other is a phase or ``QUEUED``."""
 _STOPS = STOPPED_STATES
-
-DECISION_KINDS = ("approve", "edit", "reject", "respond")
-"""The kinds of a person's decision on a pending tool call."""
 
 RESUME_LIMITS: dict[str, tuple[type, ...]] = {
     "max_iterations": (int,), "max_wall_clock": (int, float), "max_tokens": (int,), "max_cost_usd": (int, float),
@@ -50,11 +44,6 @@ JSON types they take."""
 
 SERVER_STOPPING = "server stopping"
 """The detail of a run a stopping server interrupted (:meth:`LocalRunner.close`)."""
-
-DECISION_KEY = "decision:"
-"""Prefix of the idempotency key under which a decision is stored: ``decision:<call id>#<round>``
-(:func:`decision_key`)."""
-
 
 @frozen
 class RunRequest:
@@ -75,98 +64,13 @@ class Busy(Exception):
     """The session is driven by another worker now; try the request again later."""
 
 
-async def decision_rounds(store: Store, session_id: str) -> dict[str, int]:
-    """How many times each call's decision has been consumed by a resume (the ``resume`` events
-    of the log), by call id. A call's decisions are numbered by round: the question pending now is
-    round ``decision_rounds(...).get(call_id, 0)``."""
-    rounds: dict[str, int] = {}
-    for ev in await store.read_events(session_id, types=("resume",)):
-        for cid in ev.payload.get("decisions") or {}:
-            rounds[cid] = rounds.get(cid, 0) + 1
-    return rounds
-
-
-def decision_key(call_id: str, round_: int) -> str:
-    """The idempotency key of the decision on round ``round_`` of ``call_id``'s question."""
-    return f"{DECISION_KEY}{call_id}#{round_}"
-
-
-async def stored_decisions(store: Store, rec: SessionRecord) -> dict[str, Decision]:
-    """The stored, not yet consumed decisions that answer the calls pending in a WAITING_HUMAN
-    session, by call id (none for a session in any other state).
-
-    A decision answers one round of a call's question: once a resume consumed it, a later question
-    about the same call (e.g. "the outcome is unknown after a crash: run it again?") is a new round
-    that only a new decision answers. An approval is never replayed onto a different question.
-    """
-    if rec.state != StopReason.WAITING_HUMAN.value:
-        return {}
-    pending = [p["call"]["id"] for p in (rec.stop or {}).get("pending_actions") or ()]
-    if not pending:
-        return {}
-    rounds = await decision_rounds(store, rec.session_id)
-    records = await store.idempotency_records(rec.session_id, DECISION_KEY)
-    out: dict[str, Decision] = {}
-    for cid in pending:
-        stored = records.get(decision_key(cid, rounds.get(cid, 0)))
-        if stored is not None:
-            out[cid] = structure(stored["decision"], Decision)
-    return out
-
-
-class DecisionRefused(Exception):
-    """A decision that cannot be taken (:func:`decision_record`); ``kind``: ``not_waiting`` (the
-    session does not wait for a decision), ``not_pending`` (no such pending call), ``not_allowed``
-    (a kind the call does not allow) or ``bad_arguments`` (an edit whose arguments break the tool's
-    schema). The message says what was wrong."""
-
-    def __init__(self, kind: str, message: str) -> None:
-        super().__init__(message)
-        self.kind = kind
-
-
-def decision_record(rec: SessionRecord, call_id: str, decision: Decision, round_: int,
-                    tools: ToolRegistry) -> dict[str, Any]:
-    """The record to store under :func:`decision_key` ``(call_id, round_)`` for a person's decision
-    on a call pending in ``rec`` (what the approval route and an A2A message both store):
-    ``request`` (call id, decision), ``outcome`` (the answer to give), ``call_id``, ``decision``.
-
-    Raises:
-        DecisionRefused: see the class.
-    """
-    sid = rec.session_id
-    waiting = rec.state == StopReason.WAITING_HUMAN.value
-    pending = {p["call"]["id"]: p for p in (rec.stop or {}).get("pending_actions") or ()} if waiting else {}
-    p = pending.get(call_id)
-    if p is None:
-        if waiting:
-            raise DecisionRefused("not_pending", f"no pending tool call {call_id!r} in session {sid} "
-                                                 f"(pending: {', '.join(pending) or 'none'})")
-        raise DecisionRefused("not_waiting", f"session {sid} is {rec.state}, not WAITING_HUMAN: tool call {call_id!r} "
-                                             "is not waiting for a decision (decisions are taken while the session "
-                                             "waits; watch its events for the stop)")
-    allowed = tuple(p.get("allowed_decisions") or DECISION_KINDS)
-    if decision.kind not in allowed:
-        raise DecisionRefused("not_allowed", f"tool call {call_id!r} allows {', '.join(allowed)}, not {decision.kind!r}")
-    if decision.kind == "edit":
-        t = tools.get(p["call"]["name"])
-        if t is not None:
-            try:
-                t.validate(decision.arguments or {})
-            except ToolArgumentsError as e:
-                raise DecisionRefused("bad_arguments", f"'arguments': {e}") from e
-    value = {"call_id": call_id, "decision": unstructure(decision)}
-    outcome = {"session_id": sid, "call_id": call_id, "decision": decision.kind, "status": "accepted",
-               "reason": p.get("reason") or "", "round": round_}
-    return {"request": value, "outcome": outcome, "call_id": call_id, "decision": value["decision"]}
-
-
 async def execute(agent: Agent, request: RunRequest) -> RunResult | None:
     """Carry out ``request`` on ``agent``; ``None`` when there was nothing to run.
 
-    A ``start`` runs the QUEUED session's task. A ``resume`` resumes with the stored decisions of
-    the pending calls (:func:`stored_decisions`). After a run that stops WAITING_HUMAN, it resumes
-    again while stored decisions answer newly pending calls.
+    A ``start`` runs the QUEUED session's task. A ``resume`` resumes with the stored decisions that
+    answer the pending calls (:func:`~fsm_agent.store.decisions.read_decisions`, the one reader).
+    After a run that stops WAITING_HUMAN, it resumes again while stored decisions answer newly
+    pending calls.
 
     Raises:
         Busy: another worker holds the session's lease.
@@ -196,8 +100,8 @@ async def execute(agent: Agent, request: RunRequest) -> RunResult | None:
         rec = await store.get_session(sid)
         if rec is None:
             return result
-        decisions = await stored_decisions(store, rec)
         waiting = rec.state == StopReason.WAITING_HUMAN.value
+        decisions = await read_decisions(store, rec) if waiting else {}
         if not first_resume and not (waiting and decisions):
             return result
         if waiting and not decisions and not limits and not confirm and not await _has_controls(store, sid):
@@ -225,8 +129,6 @@ async def _has_parent(store: Store, sid: str) -> bool:
 
 
 async def _has_controls(store: Store, sid: str) -> bool:
-    from ..store.base import ControlKind
-
     return await store.peek_controls(sid, [ControlKind.STEER, ControlKind.FOLLOWUP, ControlKind.CANCEL])
 
 
@@ -294,7 +196,7 @@ class LocalRunner(Runner):
                 kind = "start"
             elif rec.state not in _STOPS:
                 kind = "recover"
-            elif await stored_decisions(store, rec) or (
+            elif await read_decisions(store, rec) or (
                     rec.state == StopReason.INTERRUPTED.value
                     and str((rec.stop or {}).get("detail", "")).startswith(SERVER_STOPPING)):
                 kind = "resume"

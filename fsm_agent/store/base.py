@@ -125,7 +125,8 @@ class ControlKind(str, enum.Enum):
     INTERRUPT = "interrupt"
     CANCEL = "cancel"
     DECISION = "decision"
-    """A person's decision on a pending tool call, for a run waiting in process (Hang-Wait)."""
+    """A wake-up for a run waiting in process (Hang-Wait): a decision was stored for it. Its text is
+    the call ids; the decision itself is read from its record (:mod:`fsm_agent.store.decisions`)."""
 
 
 @frozen
