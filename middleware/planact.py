@@ -213,7 +213,8 @@ class PlanAct(Middleware):
         temperature: of those calls (default 0; ``None``: the server's default), 0 to 2.
         retry: how a planner, replanner or grader call that failed with a retryable error is tried
             again (attempts in all, backoff, the server's Retry-After, bounded by the wall clock);
-            ``None``: not retried (the provider's own HTTP retries still apply).
+            ``None``: not retried (the provider's own HTTP retries still apply). Its jitter and its
+            waits are the run's (``ctx.random``, ``ctx.sleep``) unless it names its own ``rng`` / ``sleep``.
         max_chars: ``maxLength`` of each string in the plan schema; ``"auto"``: 100 for the
             ``llamacpp`` profile (its grammar enforces it; a small model otherwise runs on until
             the output limit cuts the JSON), none elsewhere (the plan rules still bound goals to
@@ -719,8 +720,9 @@ class PlanAct(Middleware):
             try:
                 return await ctx.call_provider(request, provider=self.provider, account=True)
             except ProviderError as exc:
-                wait = (self.retry.delay(exc, attempt, remaining=ctx.remaining_wall_clock)
-                        if self.retry is not None else None)
+                # chance and waits through the run's context, so that a replay of the run waits alike
+                wait = (self.retry.delay(exc, attempt, ctx.random if self.retry.rng is None else None,
+                                         remaining=ctx.remaining_wall_clock) if self.retry is not None else None)
                 if wait is None:
                     stop = StopReason.WAITING_HUMAN if exc.retryable else StopReason.FAILED_TERMINAL
                     raise StopRun(stop, f"planact: the {role} call failed: {exc}", error=exc.to_info(),
@@ -731,7 +733,7 @@ class PlanAct(Middleware):
                                     server_hint=exc.retry_after is not None, provider=exc.provider or name,
                                     layer="planact"))
                 assert self.retry is not None
-                await self.retry.wait(wait)
+                await (ctx.sleep(wait) if self.retry.sleep is None else self.retry.wait(wait))
 
 
 def recorded_planner(events: Sequence[Any]) -> Provider:

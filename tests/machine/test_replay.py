@@ -521,6 +521,40 @@ async def test_a_planact_replan_replays() -> None:
     assert any(r.startswith("replanned to v2 (failed)") for r in reasons), reasons
 
 
+async def test_a_planner_call_retried_after_a_429_replays() -> None:
+    """PlanAct retries its planner's failed call (Retry-After) through the context's timers."""
+    import orjson
+
+    from fsm_agent.errors import RateLimitError
+    from fsm_agent_middleware.planact import PlanAct
+
+    def build(live: bool) -> Agent:
+        failed: list[int] = []
+
+        def model(request: Any) -> Any:
+            schema = request.output_schema.name if request.output_schema is not None else None
+            if schema == "plan":
+                if not failed:
+                    failed.append(1)
+                    raise RateLimitError("slow down", status=429, headers={"retry-after": "0.04"})
+                return text_response(orjson.dumps(PLAN).decode())
+            if schema == "verdict":
+                return text_response(orjson.dumps({"ok": True, "reason": "fine"}).decode())
+            return text_response(f"answer {len(request.messages)}")
+
+        provider = ScriptedProvider([model], repeat_last=True) if live else never_called()
+        return Agent(provider, store=MemoryStore(), middleware=[PlanAct()])
+
+    async def drive(agent: Agent, port: Any, live: bool) -> list[Outcome]:
+        return [await outcome_of(agent.run("Add two numbers", session_id=SID, port=port))]
+
+    rt = await roundtrip(build, drive, SID)
+    assert rt.results[0].stop.reason is StopReason.COMPLETED, rt.results[0].stop.detail
+    retries = [e["payload"] for e in rt.recording.events if e["type"] == "model_retry"]
+    assert [(r["layer"], r["status"], r["delay_s"]) for r in retries] == [("planact", 429, 0.04)]
+    assert 0.04 in [e.args["delay"] for e in rt.recording.segments[0].effects if e.kind == "call_later"]
+
+
 async def test_a_sub_agent_replays() -> None:
     from fsm_agent.orchestration.subagent import agent_tool
 
