@@ -60,7 +60,7 @@ class FormCache:
         """``orjson.dumps(unstructure(obj))``, encoded once."""
         hit = self._json.get(id(obj))
         if hit is None or hit[0] is not obj:
-            hit = (obj, orjson.dumps(self.of(obj)))
+            hit = (obj, bytes(memoryview(orjson.dumps(self.of(obj)))))  # exact size: orjson keeps 4 KiB
             self._json[id(obj)] = hit
         return hit[1]
 

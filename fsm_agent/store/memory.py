@@ -31,6 +31,12 @@ from .base import (
 __all__ = ["MemoryStore"]
 
 
+def _kept(value: Any) -> bytes:
+    """``value`` as JSON bytes of exactly their size: orjson's own result keeps a buffer of at least
+    4 KiB, which a log of thousands of small events would keep too."""
+    return bytes(memoryview(orjson.dumps(value)))
+
+
 class MemoryStore(Store):
     """Dictionaries behind the :class:`Store` interface (not shared between processes).
 
@@ -81,11 +87,11 @@ class MemoryStore(Store):
             if e.seq != last + 1:
                 raise SessionConflictError(batch.session_id, e.seq, last)
             last = e.seq
-        log.extend((e.seq, e.type, e.turn_id, e.ts, e.event_id, e.schema_version, orjson.dumps(e.payload))
+        log.extend((e.seq, e.type, e.turn_id, e.ts, e.event_id, e.schema_version, _kept(e.payload))
                    for e in batch.events)
         ck = batch.checkpoint
         if ck is not None:
-            self._checkpoints[ck.checkpoint_id] = (evolve(ck, data={}), orjson.dumps(ck.data))
+            self._checkpoints[ck.checkpoint_id] = (evolve(ck, data={}), _kept(ck.data))
             self._latest[batch.session_id] = ck.checkpoint_id
         for entry in batch.ledger:
             self._ledger.setdefault(batch.session_id, {})[entry.call_id] = entry
