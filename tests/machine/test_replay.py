@@ -705,8 +705,11 @@ async def test_a_failing_store_write_replays(status: str, after_commit: bool) ->
 
 
 # -- the fault suite: the resume after a worker was killed at each ledger point (kill_cell) ---------------------
+@pytest.mark.parametrize("approval", ["none", "person"])
 @pytest.mark.parametrize("point", ["approved", "started", "effect", "completed"])
-async def test_the_resume_after_a_kill_at_each_ledger_point_replays(point: str, tmp_path: Any) -> None:
+async def test_the_resume_after_a_kill_at_each_ledger_point_replays(point: str, approval: str, tmp_path: Any) -> None:
+    """A worker process is killed (SIGKILL) at one step of a side-effect call's ledger life (after a
+    person approved it, or with no approval); the resume in this process is recorded and replayed."""
     import sys
     from pathlib import Path
 
@@ -714,16 +717,27 @@ async def test_the_resume_after_a_kill_at_each_ledger_point_replays(point: str, 
 
     from fsm_agent.store import SQLiteStore
     from fsm_agent.testing.strict import StrictServer, calls, text
+    from fsm_agent_middleware.approval import HumanApproval
 
     worker = Path(__file__).resolve().parents[1] / "fault_worker.py"
     db, counter = tmp_path / "sessions.db", tmp_path / "effects"
     server = StrictServer([calls(("call_1", "act", {"n": 1})), text("all done")])
     base = await server.start()
     stores: list[Any] = []
+
+    def middleware() -> list[Any]:
+        return [HumanApproval(tools=["act"])] if approval == "person" else []
+
     try:
+        if approval == "person":  # the run that asks the person, before the worker that approves and dies
+            store = SQLiteStore(db)
+            asking = agent_for(base, store, [act_tool("side_effect", counter)], middleware=middleware())
+            assert (await asking.run("do it", session_id=SID)).stop.reason is StopReason.WAITING_HUMAN
+            await asking.provider.aclose()
+            await store.close()
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, str(worker), str(db), base, str(counter), SID, "side_effect", "none", point, "run",
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+            sys.executable, str(worker), str(db), base, str(counter), SID, "side_effect", approval, point,
+            "approve" if approval == "person" else "run", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
         out, err = await proc.communicate()
         assert proc.returncode == -9, err.decode()[-2000:]
         await asyncio.sleep(0.6)  # the dead worker's lease (0.5 s) runs out
@@ -732,7 +746,7 @@ async def test_the_resume_after_a_kill_at_each_ledger_point_replays(point: str, 
         def build(live: bool) -> Agent:
             store: Any = SQLiteStore(db) if live else MemoryStore()
             stores.append(store)
-            agent = agent_for(base, store, [act_tool("side_effect", counter)])
+            agent = agent_for(base, store, [act_tool("side_effect", counter)], middleware=middleware())
             if not live:
                 agent.provider = provider("http://127.0.0.1:9")  # never called
             return agent
@@ -1069,3 +1083,80 @@ async def test_the_retry_plugin_waiting_out_a_retry_after_replays() -> None:
     assert retries[0]["delay_s"] == 0.05 and 0.01 <= retries[1]["delay_s"] <= 0.05
     waits = [e.args["delay"] for e in rt.recording.segments[0].effects if e.kind == "call_later"]
     assert 0.05 in waits and retries[1]["delay_s"] in waits  # the waits are the port's timers
+
+
+# -- the fault suite: the lease lost while a tool runs; the control watch failing for a while --------------------
+async def test_a_lease_that_cannot_be_renewed_replays() -> None:
+    """Every lease renewal fails while a side-effect call runs: the worker stops driving before its lease
+    expires (the watch tells the run: a callback, replayed), and a resume finishes."""
+    from fsm_agent.testing import FaultyStore
+
+    done: list[int] = []
+    person = _Person(done)
+    faulty: list[Any] = []
+
+    def build(live: bool) -> Agent:
+        store: Any = MemoryStore()
+        if live:
+            store = FaultyStore(store)
+            faulty[:] = [store]
+        script = [tool_call_response(ToolUseBlock("call_1", "act", {"n": 1})), "all done"]
+        return Agent(ScriptedProvider(script) if live else never_called(), tools=[_act_tool({1: 3.0}, done)],
+                     store=store, lease_ttl=0.6, control_poll=0.05, worker_id="w1")
+
+    async def drive(agent: Agent, port: Any, live: bool) -> list[Outcome]:
+        if live:
+            faulty[0].fail("acquire_lease", nth=2, for_seconds=30.0, transient=True)  # every renewal fails
+        out = [await outcome_of(agent.run("do it", session_id=SID, port=port))]
+        if live:
+            faulty[0].clear()
+            await asyncio.sleep(0.7)  # the lease runs out
+        await _finish(agent, port, out, person, live)
+        return out
+
+    rt = await roundtrip(build, drive, SID)
+    first = rt.results[0].stop
+    assert first.reason is StopReason.FAILED_RETRYABLE and (first.error or {}).get("kind") == "lease"
+    assert rt.results[-1].stop.reason is StopReason.COMPLETED
+    assert any(what == "lost" for what, _, _ in rt.recording.segments[0].arrivals)
+
+
+async def test_an_interrupt_seen_after_the_control_watch_failed_for_a_while_replays() -> None:
+    """``peek_controls`` fails (transiently) while a slow answer streams; an Interrupt sent after that
+    still stops the run, and it resumes."""
+    from fsm_agent.testing import FaultyStore
+
+    faulty: list[Any] = []
+    ref: list[Agent] = []
+
+    class Outside:
+        def __init__(self) -> None:
+            self.events = 0
+
+        def on_model_event(self, event: Any) -> None:
+            self.events += 1
+            if self.events == 40:  # the watch has failed a few times by now
+                asyncio.ensure_future(ref[0].control(SID, _control("interrupt", "enough")))
+
+    def build(live: bool) -> Agent:
+        store: Any = MemoryStore()
+        if live:
+            store = FaultyStore(store)
+            faulty[:] = [store]
+        provider = (ScriptedProvider(["word " * 80, "all done"], stream_delay=0.005, chunk_chars=5) if live
+                    else never_called())
+        agent = Agent(provider, store=store, config=RunConfig(stream=True), control_poll=0.02,
+                      observers=[Outside()] if live else [])
+        ref[:] = [agent]
+        return agent
+
+    async def drive(agent: Agent, port: Any, live: bool) -> list[Outcome]:
+        if live:
+            faulty[0].fail("peek_controls", for_seconds=0.15, transient=True)
+        out = [await outcome_of(agent.run("talk", session_id=SID, port=port))]
+        out.append(await outcome_of(agent.resume(SID, port=port)))
+        return out
+
+    rt = await roundtrip(build, drive, SID)
+    assert [r.stop.reason for r in rt.results] == [StopReason.INTERRUPTED, StopReason.COMPLETED]
+    assert faulty[0].failures
