@@ -8,6 +8,8 @@ is a fresh value, never an object another reader or the writer holds."""
 from __future__ import annotations
 
 import time
+import zlib
+from array import array
 from collections.abc import Sequence
 from typing import Any
 
@@ -31,6 +33,38 @@ from .base import (
 __all__ = ["MemoryStore"]
 
 
+class _Log:
+    """One session's events: their JSON lines in one growing buffer, and where each starts. An
+    event's ids that follow the usual pattern (``<session>:<seq>``) are not stored, only rebuilt."""
+
+    __slots__ = ("buf", "starts", "last_seq")
+
+    def __init__(self) -> None:
+        self.buf = bytearray()
+        self.starts = array("Q")
+        self.last_seq = 0
+
+    def append(self, sid: str, events: Sequence[EventRecord]) -> None:
+        for e in events:
+            event_id = None if e.event_id == f"{sid}:{e.seq}" else e.event_id
+            self.starts.append(len(self.buf))
+            self.buf += orjson.dumps([e.seq, e.type, e.payload, e.turn_id, e.ts, event_id, e.schema_version])
+            self.last_seq = e.seq
+
+    def read(self, sid: str, after: int, until: int | None) -> list[EventRecord]:
+        # seqs run from 1 without gaps: event n sits at index n - 1
+        first = max(0, after)
+        stop = len(self.starts) if until is None else max(first, min(until, len(self.starts)))
+        out = []
+        buf, starts = self.buf, self.starts
+        for i in range(first, stop):
+            end = starts[i + 1] if i + 1 < len(starts) else len(buf)
+            seq, type_, payload, turn_id, ts, event_id, version = orjson.loads(buf[starts[i]:end])
+            out.append(EventRecord(sid, seq, type_, payload, turn_id, ts,
+                                   f"{sid}:{seq}" if event_id is None else event_id, version))
+        return out
+
+
 def _kept(value: Any) -> bytes:
     """``value`` as JSON bytes of exactly their size: orjson's own result keeps a buffer of at least
     4 KiB, which a log of thousands of small events would keep too."""
@@ -47,10 +81,12 @@ class MemoryStore(Store):
 
     def __init__(self) -> None:
         self._sessions: dict[str, SessionRecord] = {}
-        self._events: dict[str, list[tuple[Any, ...]]] = {}
-        """Per session: (seq, type, turn_id, ts, event_id, schema_version, payload as JSON bytes)."""
+        self._events: dict[str, _Log] = {}
+        """Per session: the log, each event one JSON line in one buffer (a few bytes of overhead
+        an event, not a dozen Python objects)."""
         self._checkpoints: dict[str, tuple[Checkpoint, bytes]] = {}
-        """By id: the checkpoint without its data, and the data as JSON bytes."""
+        """By id: the checkpoint without its data, and the data as JSON bytes (zlib-compressed once a
+        later checkpoint of the session supersedes it: only the latest is read to resume)."""
         self._latest: dict[str, str] = {}
         self._ledger: dict[str, dict[str, LedgerEntry]] = {}
         self._controls: dict[str, list[ControlRecord]] = {}
@@ -62,7 +98,7 @@ class MemoryStore(Store):
         if record.session_id in self._sessions:
             raise SessionExistsError(record.session_id)
         self._sessions[record.session_id] = record
-        self._events[record.session_id] = []
+        self._events[record.session_id] = _Log()
 
     async def get_session(self, session_id: str) -> SessionRecord | None:
         return self._sessions.get(session_id)
@@ -82,15 +118,18 @@ class MemoryStore(Store):
         if batch.expected_owner is not None and s.lease_owner != batch.expected_owner:
             raise LeaseLost(f"session {batch.session_id} is leased by {s.lease_owner}, not {batch.expected_owner}")
         log = self._events[batch.session_id]
-        last = log[-1][0] if log else 0
+        last = log.last_seq
         for e in batch.events:
             if e.seq != last + 1:
                 raise SessionConflictError(batch.session_id, e.seq, last)
             last = e.seq
-        log.extend((e.seq, e.type, e.turn_id, e.ts, e.event_id, e.schema_version, _kept(e.payload))
-                   for e in batch.events)
+        log.append(batch.session_id, batch.events)
         ck = batch.checkpoint
         if ck is not None:
+            old = self._latest.get(batch.session_id)
+            if old is not None:
+                head, data = self._checkpoints[old]
+                self._checkpoints[old] = (head, zlib.compress(data, 1))
             self._checkpoints[ck.checkpoint_id] = (evolve(ck, data={}), _kept(ck.data))
             self._latest[batch.session_id] = ck.checkpoint_id
         for entry in batch.ledger:
@@ -104,9 +143,11 @@ class MemoryStore(Store):
 
     async def read_events(self, session_id: str, after_seq: int = 0, until_seq: int | None = None,
                           types: Sequence[str] | None = None) -> list[EventRecord]:
-        return [EventRecord(session_id, seq, type_, orjson.loads(payload), turn_id, ts, event_id, version)
-                for seq, type_, turn_id, ts, event_id, version, payload in self._events.get(session_id, ())
-                if seq > after_seq and (until_seq is None or seq <= until_seq) and (types is None or type_ in types)]
+        log = self._events.get(session_id)
+        if log is None:
+            return []
+        return [e for e in log.read(session_id, after_seq, until_seq)
+                if types is None or e.type in types]
 
     async def latest_checkpoint(self, session_id: str) -> Checkpoint | None:
         cid = self._latest.get(session_id)
@@ -114,7 +155,12 @@ class MemoryStore(Store):
 
     async def get_checkpoint(self, checkpoint_id: str) -> Checkpoint | None:
         kept = self._checkpoints.get(checkpoint_id)
-        return None if kept is None else evolve(kept[0], data=orjson.loads(kept[1]))
+        if kept is None:
+            return None
+        head, data = kept
+        if self._latest.get(head.session_id) != checkpoint_id:
+            data = zlib.decompress(data)
+        return evolve(head, data=orjson.loads(data))
 
     async def ledger(self, session_id: str) -> dict[str, LedgerEntry]:
         return dict(self._ledger.get(session_id, {}))
