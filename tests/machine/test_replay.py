@@ -1143,7 +1143,7 @@ async def test_an_interrupt_seen_after_the_control_watch_failed_for_a_while_repl
         if live:
             store = FaultyStore(store)
             faulty[:] = [store]
-        provider = (ScriptedProvider(["word " * 80, "all done"], stream_delay=0.005, chunk_chars=5) if live
+        provider = (ScriptedProvider(["word " * 200, "all done"], stream_delay=0.005, chunk_chars=5) if live
                     else never_called())
         agent = Agent(provider, store=store, config=RunConfig(stream=True), control_poll=0.02,
                       observers=[Outside()] if live else [])
