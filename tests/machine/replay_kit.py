@@ -30,12 +30,12 @@ from fsm_agent.errors import ReplayDivergence
 from fsm_agent.providers import ScriptedProvider
 from fsm_agent.store import Store
 from fsm_agent.testing import EffectRecording
-from fsm_agent.testing.effects import ReplayingPort, _canon
+from fsm_agent.testing.effects import _canon
 from fsm_agent.types import RunResult
 from fsm_agent.types.codec import unstructure
 
-__all__ = ["Outcome", "Roundtrip", "committed_writes", "log_bytes", "never_called", "outcome_of", "replaying_port",
-           "roundtrip", "stored_events"]
+__all__ = ["Outcome", "Roundtrip", "committed_writes", "log_bytes", "never_called", "outcome_of", "roundtrip",
+           "stored_events"]
 
 
 @define
@@ -171,8 +171,3 @@ def committed_writes(rec: EffectRecording) -> list[Any]:
             if e.kind == "store.write" and i in ok:
                 out.extend(e.args["a"][0]["events"])
     return out
-
-
-def replaying_port(rec: EffectRecording, n: int = 0) -> ReplayingPort:
-    """The replaying port of segment ``n`` once a replay made it (for index checks)."""
-    return rec._replays[n]

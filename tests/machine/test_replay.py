@@ -16,17 +16,15 @@ import random
 from typing import Any
 
 import pytest
-
-from fsm_agent import Agent, MemoryStore, Middleware, RunConfig, ScriptedProvider, StopReason, StopRun, tool
 from attrs import evolve
 
+from fsm_agent import Agent, MemoryStore, Middleware, RunConfig, ScriptedProvider, StopReason, StopRun, tool
 from fsm_agent.control import Decision
 from fsm_agent.errors import ReplayDivergence
+from fsm_agent.providers import text_response, tool_call_response
 from fsm_agent.testing import EffectRecording
 from fsm_agent.testing.effects import _dumps
-from fsm_agent.types import RunResult, TextBlock, UserMessage
-from fsm_agent.providers import text_response, tool_call_response
-from fsm_agent.types import ToolUseBlock
+from fsm_agent.types import RunResult, TextBlock, ToolUseBlock, UserMessage
 
 from .replay_kit import Outcome, committed_writes, never_called, outcome_of, roundtrip
 
@@ -137,9 +135,9 @@ async def test_a_control_sent_while_the_answer_streams_replays(kind: str) -> Non
 
 
 @pytest.mark.parametrize("kind", ["interrupt", "cancel", "steer", "followup"])
-async def test_a_control_sent_while_a_tool_runs_replays(kind: str, tmp_path: Any) -> None:
+async def test_a_control_sent_while_a_tool_runs_replays(kind: str) -> None:
     ref: list[Agent] = []
-    compensated: list[str] = []
+    compensated: list[int] = []
 
     def build(live: bool) -> Agent:
         @tool(effect="side_effect")
