@@ -154,7 +154,7 @@ class DecisionOutcome:
     def from_record(cls, record: Mapping[str, Any], session_id: str, call_id: str, round_: int,
                     *, replayed: bool = True, live: bool = False) -> DecisionOutcome:
         """The outcome a stored record holds (a repeat of it is answered with this)."""
-        outcome = record.get("outcome") if isinstance(record.get("outcome"), dict) else {}
+        outcome = _member(record, "outcome")
         return cls(session_id, call_id, _stored_decision(record), int(outcome.get("round", round_)),
                    str(outcome.get("reason") or ""), replayed, live)
 
@@ -163,9 +163,13 @@ def _request(call_id: str, decision: Decision) -> dict[str, Any]:
     return {"call_id": call_id, "decision": unstructure(decision)}
 
 
+def _member(record: Mapping[str, Any], name: str) -> dict[str, Any]:
+    value = record.get(name)
+    return value if isinstance(value, dict) else {}
+
+
 def _stored_decision(record: Mapping[str, Any]) -> Decision:
-    request = record.get("request") if isinstance(record.get("request"), dict) else {}
-    raw = request.get("decision", record.get("decision"))
+    raw = _member(record, "request").get("decision", record.get("decision"))
     return structure(raw, Decision)
 
 
