@@ -22,6 +22,7 @@ from attrs import field, frozen
 
 from ..agent import Agent
 from ..errors import ResumeError, SessionBusyError
+from ..orchestration.a2a_wire import SERVER_STOPPING  # its home: A2A tells such a task WORKING
 from ..store.base import QUEUED, ControlKind, Store
 from ..store.decisions import read_decisions
 from ..types.run import RunResult, StopReason
@@ -42,8 +43,6 @@ RESUME_LIMITS: dict[str, tuple[type, ...]] = {
 """The RunConfig fields a resume may raise (REST ``limits``, an A2A ``limits`` data part), with the
 JSON types they take."""
 
-SERVER_STOPPING = "server stopping"
-"""The detail of a run a stopping server interrupted (:meth:`LocalRunner.close`)."""
 
 @frozen
 class RunRequest:
