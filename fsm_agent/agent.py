@@ -266,6 +266,7 @@ class Agent:
         ctx = self.new_context(list(messages), session_id=session_id or effects.new_id(), config=cfg)
         goal = next((m.text for m in messages if isinstance(m, UserMessage)), "")
         now = effects.now()
+        ctx._set_metadata(dict(metadata or {}))
         try:
             await store.create_session(SessionRecord(ctx.session_id, Phase.IDLE.value, goal=goal[:2000],
                                                      metadata=dict(metadata or {}), created_at=now, updated_at=now))
@@ -276,6 +277,7 @@ class Agent:
             # created QUEUED by a server (fsm_agent.server): this run is its first
             if metadata:
                 await store.update_metadata(ctx.session_id, dict(metadata))
+            ctx._set_metadata({**queued.metadata, **dict(metadata or {})})
         if not await store.acquire_lease(ctx.session_id, self.worker_id, self.lease_ttl):
             raise SessionBusyError(f"session {ctx.session_id} is leased by another worker")
         journal = Journal(effects, ctx.session_id, 1, self.worker_id)
@@ -399,6 +401,7 @@ class Agent:
         state.cancel_confirmed = confirm_cancel
         state.goal_version = max(state.goal_version, rec.goal_version)
         ctx = self.new_context(loaded.transcript, session_id=session_id, state=state)
+        ctx._set_metadata(rec.metadata if isinstance(rec.metadata, dict) else {})
         journal = Journal(effects, session_id, rec.last_seq + 1, self.worker_id)
         # what this resume was given, so that a replay of the log (fsm_agent.testing.trajectory) resumes alike
         journal.record("resume", {"decisions": {k: unstructure(v) for k, v in (decisions or {}).items()},

@@ -20,7 +20,8 @@ are recorded and replayed: :mod:`fsm_agent.testing.effects`, and a durable host 
 replays a run the same way) reaches the world only through what the context offers: model calls
 with :meth:`RunContext.call_provider`, time with :meth:`~RunContext.now` /
 :meth:`~RunContext.monotonic`, waits with :meth:`~RunContext.sleep` and
-:meth:`~RunContext.deadline`, chance with :meth:`~RunContext.random` and :meth:`~RunContext.new_id`.
+:meth:`~RunContext.deadline`, chance with :meth:`~RunContext.random` and :meth:`~RunContext.new_id`,
+and its own service (a memory store, say) with :meth:`~RunContext.plugin_effect`.
 A plugin that calls ``time.time()``, ``asyncio.sleep`` or ``random`` itself still works live, but a
 replay may diverge where its result changes what the plugin does.
 """
@@ -219,6 +220,12 @@ class RunContext(Protocol):
         ...
 
     @property
+    def metadata(self) -> Mapping[str, Any]:
+        """The session's metadata as the run found it when it started or resumed (read-only): what the
+        caller gave ``Agent.run(metadata=...)``, or the server stored (``tenant``); ``{}`` for none."""
+        ...
+
+    @property
     def plan(self) -> Plan | None:
         """The run's plan (frozen), or ``None`` when none was made; replace it with :meth:`update_plan`."""
         ...
@@ -265,6 +272,25 @@ class RunContext(Protocol):
 
         Raises:
             InvalidPlanError: the plan breaks a rule, or its version is below the current plan's.
+        """
+        ...
+
+    async def plugin_effect(self, plugin: Any, method: str, *args: Any) -> Any:
+        """``await ctx.plugin_effect(self, "method", *args)``: call ``self.method(*args)`` (sync or async)
+        as one effect of the run, and return what it returned. This is how a plugin reaches its own
+        service (a database, an index, an API: the ``memory`` plugin's episode store) so that the run
+        survives a replay: a recording keeps the result, a replay returns it without calling the
+        method, and a durable host (Temporal) runs the call as an activity, on a worker that finds the
+        same plugin by its name in the same agent.
+
+        ``args`` and the result must be plain data (None, bools, numbers, strings, lists, dicts, or
+        fsm_agent's attrs values): they are recorded, compared on replay and may cross processes. The
+        call is not cut by an Interrupt or a Cancel: keep it short.
+
+        Raises:
+            ConfigurationError: ``plugin`` has no such method, is not a middleware of this run, or the
+                run's effect port cannot run plugin effects.
+            Exception: what the method raised.
         """
         ...
 

@@ -170,6 +170,14 @@ class LivePort:
             await asyncio.sleep(min(self.control_poll, left))
 
 
+    # -- plugins' own I/O ------------------------------------------------------------------------
+    async def plugin_effect(self, plugin: Any, method: str, args: Sequence[Any]) -> Any:
+        out = getattr(plugin, method)(*args)
+        if inspect.isawaitable(out):
+            out = await out
+        return out
+
+
 class _Sink:
     """The :class:`~fsm_agent.tools.registry.ToolSink` a live tool reports to: each report becomes an
     event handed to the run's event loop (reports may come from a tool's worker thread)."""

@@ -15,7 +15,9 @@ Everything a run does outside its own memory goes through one :class:`EffectPort
   (one :meth:`~fsm_agent.store.Store.write` per commit), session records, control events;
 * **controls**: watching for an Interrupt or a Cancel while a phase runs, and the lease that keeps
   one worker on a session (:meth:`~EffectPort.watch`), and waiting for a decision
-  (:meth:`~EffectPort.wait_controls`).
+  (:meth:`~EffectPort.wait_controls`);
+* **a plugin's own I/O** (:meth:`~EffectPort.plugin_effect`): a call a middleware makes to its own
+  service, such as the ``memory`` plugin's episode store, through ``ctx.plugin_effect``.
 
 :class:`~fsm_agent.machine.live.LivePort` is today's behaviour: asyncio, the store, the providers'
 HTTP. A recording port and a replaying port (:mod:`fsm_agent.testing.effects`) stand in front of
@@ -173,4 +175,20 @@ class EffectPort(Protocol):
                             ) -> list[ControlRecord]:
         """Take the queued control events of ``kinds`` (each once), waiting up to ``timeout`` seconds
         for the first; ``[]`` when none came."""
+        ...
+
+    # -- plugins' own I/O ------------------------------------------------------------------------
+    async def plugin_effect(self, plugin: Any, method: str, args: Sequence[Any]) -> Any:
+        """Run ``plugin.<method>(*args)`` (awaited when it returns an awaitable) as one effect and return
+        what it returned: a middleware's call to its own service (``ctx.plugin_effect``).
+
+        ``plugin`` is one of the run's middleware: a host that runs effects on other workers (Temporal
+        activities) finds the same plugin there by its ``middleware_name`` in the same agent, and calls
+        the same method. ``args`` and the result are plain data (JSON-like: None, bools, numbers,
+        strings, lists, dicts; or fsm_agent's attrs values), so that they can be recorded and carried.
+        A replay returns the recorded result without calling the plugin.
+
+        Raises:
+            Exception: what the method raised (recorded; a replay raises it again).
+        """
         ...

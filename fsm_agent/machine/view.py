@@ -9,8 +9,10 @@ write to them, or to any attribute but ``messages`` and ``settings``, raises
 
 from __future__ import annotations
 
+import inspect
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, NoReturn, overload
 
 from ..context import RunConfig, TurnSettings
@@ -189,13 +191,15 @@ class RunView:
         transcript: the conversation of record (the driver's list; plugins see it read-only).
         run: the run state (default: a fresh one).
         machine: the machine (default: at the run state's saved state).
+        metadata: the session's metadata (``SessionRecord.metadata``: ``tenant`` ...), read-only for plugins.
     """
 
     __slots__ = ("_run", "_states", "_outbox", "_host", "_transcript", "_machine", "_tools", "_tools_view",
-                 "messages", "provider", "session_id", "settings", "started_at")
+                 "_metadata", "messages", "provider", "session_id", "settings", "started_at")
 
     def __init__(self, session_id: str, provider: Provider, tools: ToolRegistry, transcript: list[Message],
-                 run: RunState | None = None, *, machine: MachineState | None = None) -> None:
+                 run: RunState | None = None, *, machine: MachineState | None = None,
+                 metadata: Mapping[str, Any] | None = None) -> None:
         s = object.__setattr__
         s(self, "session_id", session_id)
         s(self, "provider", provider)
@@ -210,6 +214,7 @@ class RunView:
         s(self, "_states", {})
         s(self, "_outbox", [])
         s(self, "_host", None)
+        s(self, "_metadata", MappingProxyType(dict(metadata or {})))
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name in _WRITABLE:
@@ -228,6 +233,9 @@ class RunView:
 
     def _set_machine(self, machine: MachineState) -> None:
         object.__setattr__(self, "_machine", machine)
+
+    def _set_metadata(self, metadata: Mapping[str, Any]) -> None:
+        object.__setattr__(self, "_metadata", MappingProxyType(dict(metadata)))
 
     def _port(self) -> EffectPort | None:
         host = self._host
@@ -256,6 +264,25 @@ class RunView:
         if host is None:
             raise ConfigurationError("ctx.call_provider is available only while a driver runs the context")
         return await host.side_call(request, provider, account=account)  # type: ignore[no-any-return]
+
+    async def plugin_effect(self, plugin: Any, method: str, *args: Any) -> Any:
+        fn = getattr(plugin, method, None)
+        if method.startswith("__") or not callable(fn):
+            raise ConfigurationError(f"ctx.plugin_effect: {type(plugin).__name__} has no method {method!r}; name "
+                                     "a method of the plugin given (its name as a string)")
+        host = self._host
+        if host is None:  # a context no driver runs (a plugin's unit test): the call itself
+            out = fn(*args)
+            return await out if inspect.isawaitable(out) else out
+        if not any(m is plugin for m in host.chain.middleware):
+            raise ConfigurationError(f"ctx.plugin_effect: {plugin!r} is not a middleware of this run's chain; pass "
+                                     "the plugin itself (self), so that a host running effects elsewhere finds it")
+        port = host.port
+        effect = getattr(port, "plugin_effect", None)
+        if effect is None:
+            raise ConfigurationError(f"ctx.plugin_effect: this run's effect port ({type(port).__name__}) does not "
+                                     "implement plugin_effect (see fsm_agent.machine.port.EffectPort)")
+        return await effect(plugin, method, args)
 
     # -- the world, through the port ---------------------------------------------------------------
     def now(self) -> float:
@@ -309,6 +336,10 @@ class RunView:
     @property
     def tools(self) -> _ToolsView:
         return self._tools_view
+
+    @property
+    def metadata(self) -> Mapping[str, Any]:
+        return self._metadata
 
     @property
     def plan(self) -> Plan | None:

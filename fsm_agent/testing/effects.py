@@ -34,8 +34,8 @@ it is a test tool.
 
 What a replay does not reproduce: observers (they watch, they are never replayed: they may see a
 replayed stream, but nothing they do reaches the run), a plugin that reads the clock, sleeps, draws
-random numbers or reads the store itself instead of through its context (``ctx.now()``,
-``ctx.sleep()``, ``ctx.random()`` ...), and a cut from outside the run's effects: an interrupt
+random numbers or reads the store (or its own service) itself instead of through its context
+(``ctx.now()``, ``ctx.sleep()``, ``ctx.random()``, ``ctx.plugin_effect()`` ...), and a cut from outside the run's effects: an interrupt
 raised in process by a signal (:meth:`~fsm_agent.Agent.interrupt_all`) or the run's task cancelled
 by the caller (an Interrupt sent through the store, :meth:`~fsm_agent.Agent.control`, replays; so
 does a cancel a middleware hook raises, since the hook runs again in the replay). Where the replay
@@ -87,7 +87,7 @@ class Effect:
 
     kind: str
     """``now``, ``monotonic``, ``random``, ``new_id``, ``call_later``, ``call_model``, ``run_tool``,
-    ``tool_hook``, ``watch``, ``wait_controls`` or ``store.<method>``."""
+    ``tool_hook``, ``watch``, ``wait_controls``, ``plugin_effect`` or ``store.<method>``."""
     args: Any
     """Its arguments in a canonical, comparable form (JSON-like: dicts, lists, strings, numbers)."""
     value: Any = None
@@ -149,6 +149,12 @@ def _canon(obj: Any) -> Any:
     if callable(obj):
         return {"callable": getattr(obj, "__qualname__", type(obj).__name__)}
     return {"object": repr(obj)}
+
+
+def _plugin_args(plugin: Any, method: str, args: Sequence[Any]) -> dict[str, Any]:
+    """A plugin effect's identity: the plugin by name (not by object), the method and its arguments."""
+    name = getattr(plugin, "middleware_name", None) or type(plugin).__name__
+    return {"plugin": name, "method": method, "args": list(args)}
 
 
 _HOST = "<worker>"
@@ -459,6 +465,10 @@ class RecordingPort:
         i = self._start("wait_controls", {"session_id": session_id, "kinds": list(kinds), "timeout": timeout})
         return await self._await(i, self.inner.wait_controls(session_id, kinds, timeout))  # type: ignore[no-any-return]
 
+    async def plugin_effect(self, plugin: Any, method: str, args: Sequence[Any]) -> Any:
+        i = self._start("plugin_effect", _plugin_args(plugin, method, args))
+        return await self._await(i, self.inner.plugin_effect(plugin, method, args))
+
 
 def _async_arrival(port: RecordingPort, what: str, i: int, fn: Callable[..., Awaitable[None]]
                    ) -> Callable[..., Awaitable[None]]:
@@ -732,6 +742,10 @@ class ReplayingPort:
                             ) -> list[ControlRecord]:
         i, _ = self._start("wait_controls", {"session_id": session_id, "kinds": list(kinds), "timeout": timeout})
         return await self._await(i)  # type: ignore[no-any-return]
+
+    async def plugin_effect(self, plugin: Any, method: str, args: Sequence[Any]) -> Any:
+        i, _ = self._start("plugin_effect", _plugin_args(plugin, method, args))
+        return await self._await(i)
 
 
 # -- the user's handle --------------------------------------------------------------------------------------
