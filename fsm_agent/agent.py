@@ -80,6 +80,8 @@ class Agent:
         worker_id: this worker's lease owner name (default: host:pid:random).
         lease_ttl: seconds a session lease lasts without renewal.
         control_poll: seconds between checks for control events while a model call or tools run.
+        host: a durable host (``fsm_agent.temporal.TemporalHost``: the sessions run as Temporal
+            workflows on workers serving this agent); ``None``: runs happen in this process.
 
     Raises:
         ChainError: the middleware cannot form a chain (cycle, missing requirement, bad hook).
@@ -99,8 +101,12 @@ class Agent:
         worker_id: str | None = None,
         lease_ttl: float = 30.0,
         control_poll: float = 0.5,
+        host: Any = None,
     ) -> None:
         self.provider = provider
+        self.host = host
+        """A durable host that drives this agent's sessions (:class:`fsm_agent.temporal.TemporalHost`):
+        :meth:`run`, :meth:`resume`, :meth:`control` and :meth:`decide` go to it; ``None``: in process."""
         self.tools = tools if isinstance(tools, ToolRegistry) else ToolRegistry(tools)
         self.system_prompt = system_prompt
         self.chain = MiddlewareChain(middleware)
@@ -260,6 +266,10 @@ class Agent:
         cfg = config or self.config
         if limits:
             cfg = evolve(cfg, **limits)
+        if self.host is not None and port is None:
+            messages = self._initial_messages(task)
+            return await self.host.run(self, messages, session_id=session_id or uuid.uuid4().hex, config=cfg,  # type: ignore[no-any-return]
+                                       metadata=metadata, limits={})
         effects = self._port(port)
         store = effects.store
         messages = self._initial_messages(task)
@@ -363,6 +373,9 @@ class Agent:
                 call (through :meth:`decide` or the server); a :class:`ResumeError`.
             ResumeError: see :meth:`check_resume`; also when another worker takes the lease first.
         """
+        if self.host is not None and port is None:
+            return await self.host.resume(self, session_id, decisions=decisions,  # type: ignore[no-any-return]
+                                          confirm_cancel=confirm_cancel, limits=limits)
         effects = self._port(port)
         store = effects.store
         loaded = await self._check_resume(store, session_id, decisions, effects.now())
@@ -436,6 +449,9 @@ class Agent:
         kind = {Steer: ControlKind.STEER, Followup: ControlKind.FOLLOWUP, Interrupt: ControlKind.INTERRUPT,
                 Cancel: ControlKind.CANCEL}[type(control)]
         text = str(getattr(control, "text", None) or getattr(control, "reason", ""))
+        if self.host is not None:
+            await self.host.control(session_id, control)
+            return
         await send_control(self.store, session_id, kind, text)
 
     async def decide(self, session_id: str, call_id: str, decision: Decision) -> DecisionOutcome:
@@ -453,6 +469,8 @@ class Agent:
                 first (``conflict``); a :class:`ResumeError`.
             ConfigurationError: the agent's store keeps no idempotency keys.
         """
+        if self.host is not None:
+            return await self.host.decide(session_id, call_id, decision)  # type: ignore[no-any-return]
         return await write_decision(self.store, session_id, call_id, decision, tools=self.tools)
 
     def run_sync(self, task: str | Message | Sequence[Message], **kw: Any) -> RunResult:

@@ -47,6 +47,7 @@
             ├── InvalidRequestError    400 / 422 not covered above
             │   └── InvalidHistoryError  the message history breaks protocol rules (tool_use without tool_result)
             ├── RequestTooLargeError   413
+            │   └── PayloadTooLargeError  one payload over a durable host's limit (Temporal)
             ├── ServerError            5xx
             ├── ContentFilteredError   the provider refused the content
             ├── ProviderTimeoutError (+TimeoutError)   no first token / a stalled stream / request timeout
@@ -61,8 +62,11 @@ Control-flow signals form their own family, outside :class:`FsmAgentError`::
     ├── StopRun                        middleware asks the driver to end the run with a StopReason
     └── SuspendCall                    a tool's call cannot finish now but can later: the run stops
         │                              INTERRUPTED with that call pending, and a resume runs it again
-        └── WaitForHuman               a tool's call cannot finish without a person: the run stops
-                                       WAITING_HUMAN with that call pending
+        ├── WaitForHuman               a tool's call cannot finish without a person: the run stops
+        │                              WAITING_HUMAN with that call pending
+        └── OutcomeUnknown             the worker running a side-effect call was lost: its tool's
+                                       on_reconcile settles it, or the run stops WAITING_HUMAN
+                                       with the call pending as ``unknown_outcome``
 
 The driver never treats a signal as a failure.
 
@@ -96,8 +100,11 @@ __all__ = [
     "LeaseLost",
     "MiddlewareError",
     "NotFoundError",
+    "OutcomeUnknown",
     "OverloadedError",
+    "PayloadTooLargeError",
     "PermissionDeniedError",
+    "PermissionsError",
     "ProviderConnectionError",
     "ProviderError",
     "ProviderProtocolError",
@@ -551,6 +558,27 @@ class RequestTooLargeError(ProviderError):
     """HTTP 413, or a per-request size/TPM limit that retrying will not fix."""
 
 
+class PayloadTooLargeError(RequestTooLargeError):
+    """A durable host (Temporal) refuses to carry one payload this large between a session's
+    workflow and its activities (its limit is 2 MiB a payload). Not retryable: the same request is as
+    large the next time.
+
+    Attributes:
+        what: which crossing it was (the activity's name).
+        size: the payload's size in bytes.
+        limit: the largest payload allowed, in bytes.
+    """
+
+    def __init__(self, what: str, size: int, limit: int) -> None:
+        super().__init__(
+            f"{what}: a payload of {size:,} bytes is over the durable host's limit of {limit:,} bytes; keep the "
+            "context shorter (the compaction plugin), make tools return less (or store large results and return "
+            "a reference), or raise the host's payload limit where the cluster allows it", provider="temporal")
+        self.what = what
+        self.size = size
+        self.limit = limit
+
+
 class ServerError(ProviderError):
     """HTTP 5xx from the provider."""
 
@@ -600,6 +628,7 @@ _KINDS: dict[type, str] = {
     NotFoundError: "not_found",
     InvalidRequestError: "invalid_request",
     RequestTooLargeError: "request_too_large",
+    PayloadTooLargeError: "payload_too_large",
     ServerError: "server_error",
     ContentFilteredError: "content_filtered",
     ProviderTimeoutError: "timeout",
@@ -683,3 +712,18 @@ class WaitForHuman(SuspendCall):
         super().__init__(detail, reason=reason)
         self.allowed_decisions = tuple(allowed_decisions)
         self.run_on_reject = run_on_reject
+
+
+class OutcomeUnknown(SuspendCall):
+    """Signal: raised by a run's port (never by a tool) when the worker running a ``side_effect``
+    call was lost while it ran (a durable host's activity timed out without a heartbeat): the call
+    may or may not have taken effect, and running it again silently could do it twice.
+
+    MidTurn treats it as the crash recovery does in process: the tool's ``on_reconcile`` settles the
+    call (its result, or "run it again"), or the run stops WAITING_HUMAN with the call pending as
+    ``unknown_outcome``; a person's decision is an ordinary one (``approve`` runs it again, ``reject``
+    and ``respond`` close it with their result).
+    """
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(detail, reason="unknown_outcome")

@@ -20,6 +20,7 @@ keep observers quick. An observer that raises is logged (logger
 
 from __future__ import annotations
 
+import contextvars
 import inspect
 import logging
 from collections.abc import Callable, Iterable
@@ -40,7 +41,12 @@ from .types.events import (
     UsageRolledUp,
 )
 
-__all__ = ["HookBus", "Observer"]
+__all__ = ["HookBus", "Observer", "observers_muted"]
+
+observers_muted: contextvars.ContextVar[Callable[[], bool] | None] = contextvars.ContextVar(
+    "fsm_agent_observers_muted", default=None)
+"""Set by a host that runs the engine again over history it already ran (a durable workflow replaying):
+``() -> True`` while the observers have already seen what is being re-run, so they are told once."""
 
 log = logging.getLogger("fsm_agent.hooks")
 
@@ -121,6 +127,9 @@ class HookBus:
         """Deliver ``event``; never raises (except on cancellation)."""
         targets = self._table.get(type(event))
         if not targets:
+            return
+        muted = observers_muted.get()
+        if muted is not None and muted():
             return
         for obs, fn in targets:
             try:

@@ -38,7 +38,7 @@ from typing import Any
 from attrs import evolve
 
 from ..control import Decision
-from ..errors import SuspendCall, ToolArgumentsError, WaitForHuman
+from ..errors import OutcomeUnknown, SuspendCall, ToolArgumentsError, WaitForHuman
 from ..middleware import AskApproval, Deny, Edit, Respond
 from ..store.base import ControlKind, LedgerStatus
 from ..store.decisions import DECISIONS_AWAITED, DECISIONS_TAKEN, read_decisions
@@ -215,8 +215,9 @@ class MidTurn:
         """The stop of a MidTurn in which tools raised :class:`SuspendCall`: WAITING_HUMAN when one of
         them waits for a person (:class:`WaitForHuman`), else INTERRUPTED; those calls pending."""
         run, suspended = self.h.run_state, self.h.inflight.suspended
-        human = sorted(cid for cid, w in suspended.items() if isinstance(w, WaitForHuman))
-        run.metadata[WAITING_CALLS] = human
+        human = sorted(cid for cid, w in suspended.items() if isinstance(w, (WaitForHuman, OutcomeUnknown)))
+        # a decision on a lost call is an ordinary one (approve runs it again): not a tool's own question
+        run.metadata[WAITING_CALLS] = [cid for cid in human if not isinstance(suspended[cid], OutcomeUnknown)]
         run.metadata[RUN_ON_REJECT] = sorted(cid for cid, w in suspended.items()
                                              if isinstance(w, WaitForHuman) and w.run_on_reject)
         run.decided_results = dict(results)
@@ -226,7 +227,8 @@ class MidTurn:
             "last_safe_point": Phase.MID_TURN.value}
         detail = "; ".join(f"{c.name}({c.id}): {w.detail}" for c, w in waiting)
         if human:
-            payload["required_decision"] = "; ".join(w.detail for _, w in waiting if isinstance(w, WaitForHuman))
+            payload["required_decision"] = "; ".join(w.detail for _, w in waiting
+                                                     if isinstance(w, (WaitForHuman, OutcomeUnknown)))
             return Stop(StopReason.WAITING_HUMAN, detail, payload)
         return Stop(StopReason.INTERRUPTED, f"{detail} (left open, to run again on resume)", payload)
 
@@ -321,6 +323,20 @@ class MidTurn:
 
         try:
             result = await h.chain.tool_call(call, ctx, execute)
+        except OutcomeUnknown as lost:
+            # the worker running it was lost (a durable host): settled as a crash recovery settles it
+            settled = await h.ledger.reconcile(call)
+            if settled is RUN_AGAIN:
+                try:
+                    result = await h.chain.tool_call(call, ctx, execute)
+                except SuspendCall as wait:
+                    fl.suspended[call.id] = wait
+                    return None
+            elif settled is None:
+                fl.suspended[call.id] = lost
+                return None
+            else:
+                result = settled
         except SuspendCall as wait:
             fl.suspended[call.id] = wait
             return None
