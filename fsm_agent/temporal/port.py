@@ -22,7 +22,9 @@ from typing import Any
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError as TemporalTimeout
+from temporalio.exceptions import ActivityError, ApplicationError
+from temporalio.exceptions import CancelledError as TemporalCancelled
+from temporalio.exceptions import TimeoutError as TemporalTimeout
 
 from ..control import Decision
 from ..errors import OutcomeUnknown, PayloadTooLargeError
@@ -149,6 +151,9 @@ class WorkflowPort:
         except ActivityError as exc:
             if not isinstance(exc.cause, ApplicationError):
                 self.store.pending[:0] = writes
+            task = asyncio.current_task()
+            if isinstance(exc.cause, TemporalCancelled) and task is not None and task.cancelling():
+                raise asyncio.CancelledError() from None  # the run cut it: the engine's own cancel goes on
             raise
         except BaseException:
             self.store.pending[:0] = writes

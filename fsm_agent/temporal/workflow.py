@@ -78,6 +78,9 @@ class SessionWorkflow:
         self.running = False
         self.decided: dict[str, dict[str, Any]] = {}
         """Decisions the ``decide`` update took for the current wait, by call id (their outcomes)."""
+        self.taken: dict[str, dict[str, Any]] = {}
+        """Every decision the ``decide`` update took in this workflow run, by call id (the last one):
+        an identical repeat returns its outcome, even after the run resumed."""
         self.session_id = ""
         self.agent = ""
 
@@ -191,13 +194,13 @@ class SessionWorkflow:
     async def decide(self, call_id: str, decision: dict[str, Any]) -> dict[str, Any]:
         """A person's decision on one pending call; once every pending call has one, the run resumes.
         Returns the outcome (``accepted``, and ``resumed`` when this decision resumed the run)."""
-        first = self.decided.get(call_id)
-        if first is not None:
+        first = self.decided.get(call_id) or self.taken.get(call_id)
+        if first is not None and first["decision"] == decision:
             return {**first, "replayed": True}
         reason = next((p.reason for p in self.stop.pending_actions if p.call.id == call_id), "") if self.stop else ""
         outcome = {"session_id": self.session_id, "call_id": call_id, "decision": decision, "status": "accepted",
                    "reason": reason}
-        self.decided[call_id] = outcome
+        self.decided[call_id] = self.taken[call_id] = outcome
         pending = [p["call"]["id"] for p in (unstructure(self.stop) or {}).get("pending_actions") or ()]
         if all(cid in self.decided for cid in pending) and self.waiting and not self.requests:
             self.requests.append({"op": "resume", "decisions": {k: v["decision"] for k, v in self.decided.items()}})
@@ -206,6 +209,12 @@ class SessionWorkflow:
 
     @decide.validator
     def _check_decide(self, call_id: str, decision: dict[str, Any]) -> None:
+        taken = self.taken.get(call_id)
+        if taken is not None and (call_id not in self.decided or not self.waiting):
+            if taken["decision"] == decision:
+                return  # an identical repeat: its first outcome is returned
+            raise ResumeError(f"tool call {call_id!r} was already decided ({taken['decision'].get('kind')}); "
+                              "a different decision is refused")
         if not self.waiting or self.stop is None or self.stop.reason is not StopReason.WAITING_HUMAN:
             raise ResumeError(f"session {self.session_id} does not wait for a decision")
         d = structure(decision, Decision)
