@@ -753,7 +753,7 @@ class HttpProvider(Provider):
         """
         from .http import iter_sse
 
-        tap: list[bytes] | None = [] if self._http.recorder is not None else None
+        tap = self._http.tap(resp)
         try:
             async for sses in iter_sse(
                 resp, decoder, provider=self.name, first_event_timeout=first_timeout,
@@ -784,7 +784,7 @@ class HttpProvider(Provider):
             yield last
         finally:
             if tap is not None:
-                self._http.record(resp, b"".join(tap))
+                self._http.record(resp, tap)
 
 
 def _cut_line(exc: ProviderError, decoder: SSEDecoder, parser: StreamParser, provider: str) -> ProviderError:

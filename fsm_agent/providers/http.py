@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Mapping
-from typing import Any
+from typing import Any, NamedTuple, Protocol
 
 import aiohttp
 
@@ -24,9 +24,70 @@ from ..errors import ProviderConnectionError, ProviderProtocolError, ProviderTim
 from .errors import classify_error, map_transport_errors
 from .sse import SSEDecoder, ServerSentEvent
 
-__all__ = ["HttpClient", "iter_sse"]
+__all__ = ["HttpClient", "Interceptor", "iter_sse", "set_interceptor"]
 
 _ERROR_BODY_LIMIT = 1024 * 1024
+
+
+class Interceptor(Protocol):
+    """What :func:`set_interceptor` installs: a recorded-traffic cassette
+    (:class:`fsm_agent.testing.Cassette`) that every :class:`HttpClient` of the process consults.
+
+    ``replay`` runs before a request is sent: it returns a response to use instead of the network
+    (an object with the ``ClientResponse`` surface the provider layer reads), ``None`` to send it,
+    or raises (a changed request, a refused network call). ``recording`` says whether the network's
+    exchanges should be handed to ``record``, which gets each one once it has ended, with the
+    body's network reads as they came and when (seconds after the request was sent), and whether
+    the body was read to its end.
+    """
+
+    recording: bool
+
+    def replay(self, url: str, headers: Mapping[str, str], body: bytes, secrets: tuple[str, ...]) -> Any: ...
+
+    def record(self, exchange: Exchange) -> None: ...
+
+
+class Exchange(NamedTuple):
+    """One finished exchange, as :meth:`Interceptor.record` gets it."""
+
+    url: str
+    request_headers: dict[str, str]
+    request_body: bytes
+    status: int
+    response_headers: dict[str, str]
+    chunks: list[bytes]
+    """The body's network reads, in order (one item for a body read whole)."""
+    times: list[float]
+    """When each read arrived, in seconds after the request was sent."""
+    complete: bool
+    """The body was read to its end (``False``: the connection dropped, or the reader stopped early)."""
+    secrets: tuple[str, ...]
+    """The client's secret values (the API key), to scrub."""
+
+
+_interceptor: Interceptor | None = None
+
+
+def set_interceptor(interceptor: Interceptor | None) -> Interceptor | None:
+    """Install ``interceptor`` for every :class:`HttpClient` of the process (``None`` removes it);
+    returns the one it replaces. Used by :class:`fsm_agent.testing.Cassette`; one at a time."""
+    global _interceptor
+    previous, _interceptor = _interceptor, interceptor
+    return previous
+
+
+class _Tap(list):  # type: ignore[type-arg]
+    """The network reads of one body (``list[bytes]``), each with its arrival time in :attr:`times`."""
+
+    def __init__(self, t0: float) -> None:
+        super().__init__()
+        self.t0 = t0
+        self.times: list[float] = []
+
+    def append(self, chunk: bytes) -> None:  # type: ignore[override]
+        self.times.append(asyncio.get_running_loop().time() - self.t0)
+        super().append(chunk)
 
 
 class HttpClient:
@@ -59,13 +120,38 @@ class HttpClient:
         self.recorder: Any = None
         """``recorder(url, request_headers, request_body, status, response_headers, response_body)`` sees
         every exchange when set (``fsm_agent.providers.record.Recorder``)."""
-        self._sent: dict[int, tuple[str, dict[str, str], bytes]] = {}
+        self._sent: dict[int, tuple[str, dict[str, str], bytes, float]] = {}
 
-    def record(self, resp: aiohttp.ClientResponse, raw: bytes) -> None:
-        """Hand a finished exchange to the recorder (no-op without one)."""
+    @property
+    def recording(self) -> bool:
+        """Whether exchanges are handed to a recorder (this client's, or an installed interceptor)."""
+        return self.recorder is not None or (_interceptor is not None and _interceptor.recording)
+
+    def tap(self, resp: Any) -> list[bytes] | None:
+        """A list collecting the network reads of ``resp``'s body (with their times) for
+        :meth:`record`, or ``None`` when nothing records."""
+        sent = self._sent.get(id(resp))
+        return None if sent is None else _Tap(sent[3])
+
+    def record(self, resp: aiohttp.ClientResponse, raw: bytes | list[bytes]) -> None:
+        """Hand a finished exchange to the recorders (no-op without one): ``raw`` is the whole
+        body, or the list :meth:`tap` returned."""
         sent = self._sent.pop(id(resp), None)
-        if self.recorder is not None and sent is not None:
-            self.recorder(sent[0], sent[1], sent[2], resp.status, dict(resp.headers), raw)
+        if sent is None:
+            return
+        chunks = [c for c in raw if c] if isinstance(raw, list) else [raw]
+        if self.recorder is not None:
+            self.recorder(sent[0], sent[1], sent[2], resp.status, dict(resp.headers), b"".join(chunks))
+        icpt = _interceptor
+        if icpt is not None and icpt.recording:
+            if isinstance(raw, _Tap):  # iter_sse appends b"" when the body ended
+                times = [t for t, c in zip(raw.times, raw) if c]
+                complete = bool(raw) and not raw[-1]
+            else:
+                times = [asyncio.get_running_loop().time() - sent[3]] * len(chunks)
+                complete = True
+            icpt.record(Exchange(sent[0], sent[1], sent[2], resp.status, dict(resp.headers), chunks, list(times),
+                                 complete, self.secrets))
 
     async def session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
@@ -91,17 +177,21 @@ class HttpClient:
             ProviderError: a typed error for a status >= 400 (body and headers attached),
                 a connection failure, or a timeout.
         """
-        session = await self.session()
-        try:
-            with map_transport_errors(self.provider, f"POST {url}"):
-                async with asyncio.timeout(timeout):
-                    resp = await session.post(url, data=body, headers=dict(headers))
-        except ProviderTimeoutError as exc:
-            if timeout_message:
-                raise ProviderTimeoutError(timeout_message, provider=self.provider) from exc
-            raise
-        if self.recorder is not None:
-            self._sent[id(resp)] = (url, dict(headers), body)
+        icpt = _interceptor
+        resp = None if icpt is None else icpt.replay(url, headers, body, self.secrets)
+        if resp is None:
+            session = await self.session()
+            sent_at = asyncio.get_running_loop().time()
+            try:
+                with map_transport_errors(self.provider, f"POST {url}"):
+                    async with asyncio.timeout(timeout):
+                        resp = await session.post(url, data=body, headers=dict(headers))
+            except ProviderTimeoutError as exc:
+                if timeout_message:
+                    raise ProviderTimeoutError(timeout_message, provider=self.provider) from exc
+                raise
+            if self.recording:
+                self._sent[id(resp)] = (url, dict(headers), body, sent_at)
         if resp.status >= 400:
             with map_transport_errors(self.provider, f"reading the error body of POST {url}"):
                 try:
@@ -200,6 +290,8 @@ async def iter_sse(
             if stalled:
                 raise timeout_error()
             if not chunk:
+                if tap is not None:
+                    tap.append(b"")  # the body's end, for the recorders
                 break
             if tap is not None:
                 tap.append(chunk)

@@ -123,12 +123,18 @@ class ReplayServer:
 
     @classmethod
     def from_recording(cls, path: Any, **kw: Any) -> ReplayServer:
-        """Serve the responses of a recording file (:mod:`fsm_agent.providers.record` format), in order."""
+        """Serve the responses of a recording file (:mod:`fsm_agent.providers.record` format, or a
+        :class:`~fsm_agent.testing.Cassette`'s file), in order."""
         responses = []
         for ex in load_recording(path):
             r = ex["response"]
             body = r["body"]
-            raw = body.encode() if isinstance(body, str) else orjson.dumps(body)
+            if r.get("body_base64") is not None:  # a cassette's body that is not UTF-8
+                import base64
+
+                raw = base64.b64decode(r["body_base64"])
+            else:
+                raw = body.encode() if isinstance(body, str) else orjson.dumps(body)
             headers = {k.lower(): v for k, v in (r.get("headers") or {}).items()}
             ctype = headers.pop("content-type", "text/event-stream" if isinstance(body, str) else "application/json")
             keep = {k: v for k, v in headers.items() if k.startswith(("retry-after", "x-ratelimit"))}
