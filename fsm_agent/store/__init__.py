@@ -1,4 +1,5 @@
-"""Session stores: the event log, checkpoints, the tool-call ledger, controls and leases."""
+"""Session stores: the event log, checkpoints, the tool-call ledger, controls and leases; and, beside
+them, episode stores (episodic memory: :mod:`fsm_agent.store.episodes`)."""
 
 from .base import (
     QUEUED,
@@ -16,6 +17,8 @@ from .base import (
     Store,
     WriteBatch,
 )
+from .episodes import Episode, EpisodeHit, EpisodeStep, EpisodeStore, open_episode_store
+from .episodes_sqlite import SQLiteEpisodeStore
 from .memory import MemoryStore
 from .sessions import LoadedSession, descendants, load_session, read_turns, send_control, upgrade_checkpoint, upgrade_event
 from .sqlite import SQLiteStore
@@ -24,6 +27,10 @@ __all__ = [
     "Checkpoint",
     "ControlKind",
     "ControlRecord",
+    "Episode",
+    "EpisodeHit",
+    "EpisodeStep",
+    "EpisodeStore",
     "EventRecord",
     "LeaseLost",
     "LedgerEntry",
@@ -31,9 +38,11 @@ __all__ = [
     "LinkKind",
     "LoadedSession",
     "MemoryStore",
+    "PostgresEpisodeStore",
     "PostgresStore",
     "QUEUED",
     "SCHEMA_VERSION",
+    "SQLiteEpisodeStore",
     "SQLiteStore",
     "SessionLink",
     "SessionRecord",
@@ -41,6 +50,7 @@ __all__ = [
     "WriteBatch",
     "descendants",
     "load_session",
+    "open_episode_store",
     "read_turns",
     "send_control",
     "upgrade_checkpoint",
@@ -53,4 +63,8 @@ def __getattr__(name: str) -> object:
         from .postgres import PostgresStore
 
         return PostgresStore
+    if name == "PostgresEpisodeStore":
+        from .episodes_postgres import PostgresEpisodeStore
+
+        return PostgresEpisodeStore
     raise AttributeError(name)

@@ -15,6 +15,7 @@ from .content import (
 from .events import (
     ApprovalRequested,
     BudgetWarning,
+    MemoryRecalled,
     ModelRetry,
     ModelStreamEvent,
     ObserverEvent,
@@ -97,6 +98,7 @@ __all__ = [
     "MAX_NODES",
     "MAX_TEXT_CHARS",
     "MISSING_RESULT",
+    "MemoryRecalled",
     "Message",
     "MessageComplete",
     "MessageRequest",

@@ -19,6 +19,7 @@ from .stream import StreamEvent
 __all__ = [
     "ApprovalRequested",
     "BudgetWarning",
+    "MemoryRecalled",
     "ModelRetry",
     "ModelStreamEvent",
     "ObserverEvent",
@@ -128,6 +129,33 @@ class BudgetWarning:
     budget: str
     used: float
     limit: float
+
+
+@frozen
+class MemoryRecalled:
+    """The ``memory`` plugin looked up past episodes for the run (once per run or resume, at its first
+    PreTurn) and put the ones that fit its token budget into the context; written to the session log
+    as ``memory_recalled``. Delivered to observers as a plugin event (``on_plugin_event``, ``on_event``)."""
+
+    TAG: ClassVar[str] = "memory_recalled"
+    session_id: str
+    turn: int
+    tenant: str
+    """Whose episodes were searched."""
+    query: str
+    """What was searched for (the session's goal and latest request; cut)."""
+    episodes: tuple[str, ...]
+    """The ids of the episodes put into the context, best first."""
+    scores: tuple[float, ...]
+    """Their search scores (higher is better; comparable within one search only)."""
+    tokens: int
+    """Tokens the recalled block takes (0: nothing was recalled)."""
+    budget: int
+    """Tokens the block may take (the plugin's share of the context window)."""
+    skipped: tuple[str, ...] = ()
+    """Episodes found but left out: too large for what was left of the budget."""
+    error: str | None = None
+    """Why nothing could be recalled (the store's error), or ``None``."""
 
 
 @frozen
