@@ -68,6 +68,13 @@ async def run_command(args: argparse.Namespace, out: TextIO, err: TextIO, progre
     _positive("--timeout", args.timeout)
     _positive("--max-tokens", args.max_tokens, whole=True)
     _positive("--max-output-tokens", args.max_output_tokens, whole=True)
+    from .temporal import target_of, temporal_run
+
+    if target_of(args):  # the session runs on Temporal: the workers' agent, the same lines
+        printer = None if args.json else Printer(out, err, args.verbose)
+        result = await temporal_run(args, out, err)
+        progress.result, progress.session_id = result, result.session_id
+        return report(result, args, printer, out, err, {})
     settings = settings_of(args)
     config = RunConfig(max_iterations=args.max_iterations, max_wall_clock=args.timeout, max_tokens=args.max_tokens,
                        max_output_tokens=args.max_output_tokens, stream=not args.no_stream)  # checks the values
@@ -332,6 +339,13 @@ async def resume_command(args: argparse.Namespace, out: TextIO, err: TextIO, pro
     if args.max_output_tokens is not None:
         limits["max_output_tokens"] = args.max_output_tokens
     decisions = _decisions(args)
+    from .temporal import target_of, temporal_resume
+
+    if target_of(args):  # through the session's workflow
+        printer = None if args.json else Printer(out, err, args.verbose)
+        result = await temporal_resume(args, decisions, limits, out, err)
+        progress.result, progress.session_id = result, result.session_id
+        return report(result, args, printer, out, err, {})
     store = await checked_store(args.store, create=False)
     try:
         rec = await store.get_session(args.session_id)

@@ -90,6 +90,10 @@ async def sessions_command(args: argparse.Namespace, out: TextIO, err: TextIO) -
             from ..orchestration.show import link_lines
 
             out.write("\n".join(await link_lines(store, rec.session_id)) + "\n")
+        from .temporal import target_of, temporal_snapshot
+
+        if target_of(args):  # the session's workflow: its status and snapshot
+            await temporal_snapshot(args, out)
         return 0
     finally:
         await store.close()
@@ -139,6 +143,13 @@ async def control_command(args: argparse.Namespace, out: TextIO, err: TextIO) ->
     kind = ControlKind(args.kind)
     if kind in (ControlKind.STEER, ControlKind.FOLLOWUP) and not args.text:
         raise ConfigurationError(f"control {kind.value} needs a TEXT")
+    from ..control import Cancel, Followup, Interrupt, Steer
+    from .temporal import target_of, temporal_control
+
+    if target_of(args):  # a signal to the session's workflow
+        control = {ControlKind.INTERRUPT: Interrupt, ControlKind.CANCEL: Cancel, ControlKind.STEER: Steer,
+                   ControlKind.FOLLOWUP: Followup}[kind](args.text or "")
+        return await temporal_control(args, control, err)
     store = await checked_store(args.store, create=False)
     try:
         note = await send_control(store, args.session_id, kind, args.text or "")

@@ -346,6 +346,10 @@ def worker_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     Raises:
         ConfigurationError: a bad ``--store``, ``--agent`` or number.
     """
+    from ..cli.temporal import target_of, temporal_worker
+
+    if target_of(args):  # a Temporal worker: the session workflows and their activities, any store
+        return temporal_worker(args, out, err)
     args.store = args.store or os.environ.get("FSM_AGENT_STORE") or ""
     if not args.store.startswith(("postgresql://", "postgres://")):
         raise ConfigurationError(f"--store {args.store!r}: a worker needs a postgresql:// DSN (or $FSM_AGENT_STORE)")

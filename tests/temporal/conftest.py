@@ -1,5 +1,5 @@
 """A Temporal dev server for the tests of fsm_agent.temporal (DESIGN.md §7): the one `.ci/run`
-started (``$FSM_AGENT_TEMPORAL``, host:port), else one started here on a free loopback port."""
+started (``$FSM_AGENT_TEST_TEMPORAL``, host:port), else one started here on a free loopback port."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 
 @pytest.fixture(scope="session")
 def temporal_target():
-    given = os.environ.get("FSM_AGENT_TEMPORAL")
+    given = os.environ.get("FSM_AGENT_TEST_TEMPORAL")
     if given:
         yield given
         return
