@@ -85,12 +85,21 @@ def settings_of(args: argparse.Namespace) -> dict[str, Any]:
     """The agent settings of ``fsm-agent run``'s flags (and ``$FSM_AGENT_*``); stored with the session.
 
     Raises:
-        ConfigurationError: a bad ``--local-model`` (see :func:`local_model`).
+        ConfigurationError: a bad ``--local-model`` (see :func:`local_model`), or ``--model`` with no
+            provider (the embedded model would run under another model's name).
     """
     provider = args.provider or env("FSM_AGENT_PROVIDER")
     base_url = args.base_url or env("FSM_AGENT_BASE_URL")
     if provider is None and base_url:
         provider = "openai-compatible"
+    if (provider or "local") == "local" and args.model:
+        # the embedded server runs its GGUF file whatever the request names: running it under the
+        # name of another model would answer with the wrong model and exit 0
+        raise ConfigurationError(
+            f"--model {args.model} names a provider's model, but no provider is configured: the embedded local "
+            "model (SmolLM2-135M) would run instead. Give its provider (--provider openai|anthropic|deepseek|qwen|"
+            "..., with its API key) or --base-url URL of an OpenAI-compatible server; to run a GGUF file on the "
+            "embedded server, give --local-model PATH.gguf instead of --model")
     return {
         "provider": provider or "local",
         "base_url": base_url,
@@ -196,6 +205,9 @@ class AgentFactory:
             which = "SmolLM2-135M" if model == SMOLLM2_FILE else model
             self.err.write(f"fsm-agent: no provider configured; using the embedded local model ({which} via "
                            "llama.cpp)\n")
+            if s["model"]:  # $FSM_AGENT_MODEL (the flag is refused by settings_of)
+                self.err.write(f"fsm-agent: note: the model name {s['model']!r} ($FSM_AGENT_MODEL) is not used: it "
+                               f"names a provider's model, and no provider is configured; {which} runs\n")
             if self.tools and model == SMOLLM2_FILE:
                 self.err.write(f"fsm-agent: note: SmolLM2-135M cannot use tools reliably; for --tool give "
                                f"--local-model PATH.gguf with {TOOL_MODEL_HINT}\n")

@@ -4,7 +4,8 @@ Flags that several commands share are declared once, on a parent parser (``add_h
 given to each command's subparser through ``parents=``: :func:`common_flags` for every command
 that reaches a run or its sessions (``run``, ``resume``, ``serve``, ``worker``, ``control``,
 ``sessions list|show``, ``diagram``), :func:`store_flag` for those that open the session store
-with the default location (``worker`` declares its own ``--store``: it needs PostgreSQL).
+with the default location (``worker`` declares its own ``--store``: it needs PostgreSQL),
+:func:`agent_flags` for those that build the agent from flags (``run``, ``serve``).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 from .._version import __version__
 from ..plugins import DEFAULT_MIDDLEWARE
 
-__all__ = ["build_parser", "common_flags", "store_flag"]
+__all__ = ["AGENT_FLAGS", "agent_flags", "build_parser", "common_flags", "store_flag"]
 
 _Parents = list[argparse.ArgumentParser]
 
@@ -46,10 +47,42 @@ def _names(value: str) -> list[str]:
     return names
 
 
+class _Parser(argparse.ArgumentParser):
+    """The top-level parser: an argument no command knows is reported with the usage of the command
+    (or subcommand) it was given to, not the top level's."""
+
+    def parse_args(self, args: Any = None, namespace: Any = None) -> Any:  # type: ignore[override]
+        ns, extras = self.parse_known_args(args, namespace)
+        if extras:
+            message = f"unrecognized arguments: {' '.join(extras)}"
+            if getattr(ns, "command", None) == "resume" and any(
+                    e.startswith("--") and any(w in e for w in ("max", "budget", "cost", "limit", "iteration"))
+                    for e in extras):
+                message += ("; a resume raises a budget with --budget NAME=VALUE (iterations, wall_clock, tokens, "
+                            "cost), or --max-iterations N, --timeout SECONDS, --max-tokens N")
+            _command_parser(self, ns).error(message)
+        return ns
+
+
+def _command_parser(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> argparse.ArgumentParser:
+    """The deepest (sub)command parser ``ns`` went through (``parser`` itself when none)."""
+    found = parser
+    while True:
+        actions = [a for a in found._actions if isinstance(a, argparse._SubParsersAction)]
+        if not actions:
+            return found
+        chosen = getattr(ns, actions[0].dest or "", None)
+        nxt = actions[0].choices.get(chosen) if chosen is not None else None
+        if nxt is None:
+            return found
+        found = nxt
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``fsm-agent`` parser; ``args.command`` names the command (and ``args.sessions_command``,
-    ``args.middleware_command`` the subcommand; ``worker`` sets ``args.handler``)."""
-    p = argparse.ArgumentParser(prog="fsm-agent", description="Run LLM agents as an explicit state machine.")
+    ``args.middleware_command`` the subcommand; ``worker`` sets ``args.handler``). An argument the
+    command does not take is an error printed with that command's usage (exit 2)."""
+    p = _Parser(prog="fsm-agent", description="Run LLM agents as an explicit state machine.")
     p.add_argument("--version", action="version", version=f"fsm-agent {__version__}")
     sub = p.add_subparsers(dest="command", required=True,  # the metavar: a missing command names them all
                            metavar="{run,resume,sessions,control,serve,worker,diagram,decode,middleware}")
@@ -69,14 +102,16 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _add_run(sub: Any, parents: _Parents) -> None:
-    r = sub.add_parser("run", parents=parents, help="run one task to a stop reason")
-    r.add_argument("task", help="what the agent should do")
+def agent_flags() -> argparse.ArgumentParser:
+    """The parent parser of the flags that build the agent (the provider, the embedded model, tools,
+    plugins, a policy file, approvals): ``run`` and ``serve`` take the same ones."""
+    r = argparse.ArgumentParser(add_help=False)
     r.add_argument("--provider", help="local (the embedded model, the default), openai, openai-responses, anthropic, "
                    "deepseek, qwen, openai-compatible (needs --base-url), llamacpp (a llama-server at --base-url); "
                    "default: $FSM_AGENT_PROVIDER, else local")
     r.add_argument("--base-url", help="provider base URL ($FSM_AGENT_BASE_URL)")
-    r.add_argument("--model", help="model name ($FSM_AGENT_MODEL)")
+    r.add_argument("--model", help="the provider's model name ($FSM_AGENT_MODEL); with no provider, refused "
+                                   "(the embedded model runs its own file: see --local-model)")
     r.add_argument("--api-key", help="API key ($FSM_AGENT_API_KEY, or the vendor's own variable)")
     r.add_argument("--local-model", metavar="PATH.gguf",
                    help="run this GGUF model on the embedded llama.cpp server instead of SmolLM2-135M "
@@ -95,7 +130,19 @@ def _add_run(sub: Any, parents: _Parents) -> None:
                         "FILE ends in .json; format: docs/policy.md of the fsm_agent repository)")
     r.add_argument("--approve-tools", type=_names, action="extend", default=[], metavar="NAME[,NAME...]",
                    help="these tools (names or glob patterns, comma-separated; repeatable) need a person's "
-                        "approval: the run stops WAITING_HUMAN (exit 3) until `fsm-agent resume ID --approve CALL_ID`")
+                        "approval: the run stops WAITING_HUMAN (exit 3) until `fsm-agent resume ID --approve CALL_ID` "
+                        "(serve: the review page's Approve, or POST /sessions/ID/approvals/CALL_ID)")
+    return r
+
+
+AGENT_FLAGS = ("provider", "base_url", "model", "api_key", "local_model", "tool", "tool_mode", "system", "middleware",
+               "no_default_middleware", "policy", "approve_tools")
+"""The ``args`` attributes of :func:`agent_flags`."""
+
+
+def _add_run(sub: Any, parents: _Parents) -> None:
+    r = sub.add_parser("run", parents=[*parents, agent_flags()], help="run one task to a stop reason")
+    r.add_argument("task", help="what the agent should do")
     r.add_argument("--max-iterations", type=int, default=50, help="model calls per run (default 50)")
     r.add_argument("--timeout", type=float, default=600.0, help="wall-clock budget in seconds (default 600)")
     r.add_argument("--max-tokens", type=int, help="token budget over the run (input + output)")
@@ -118,6 +165,10 @@ def _add_resume(sub: Any, parents: _Parents) -> None:
                     help="answer a call yourself instead of running the tool")
     rs.add_argument("--budget", action="append", default=[], metavar="NAME=VALUE",
                     help="raise a budget: iterations, wall_clock (s), tokens, cost (USD)")
+    rs.add_argument("--max-iterations", type=int, metavar="N", help="the same as --budget iterations=N (as `run` takes it)")
+    rs.add_argument("--timeout", type=float, metavar="SECONDS",
+                    help="the same as --budget wall_clock=SECONDS (the whole run's, as `run` takes it)")
+    rs.add_argument("--max-tokens", type=int, metavar="N", help="the same as --budget tokens=N (as `run` takes it)")
     rs.add_argument("--max-output-tokens", type=int, metavar="N",
                     help="max tokens of each model answer from now on (e.g. after an answer was cut)")
     rs.add_argument("--confirm-cancel", action="store_true", help="confirm a cancel waiting on side effects")
@@ -176,11 +227,12 @@ def _add_decode(sub: Any) -> None:
 
 
 def _add_serve(sub: Any, parents: _Parents) -> None:
-    sv = sub.add_parser("serve", parents=parents,
+    sv = sub.add_parser("serve", parents=[*parents, agent_flags()],
                         help="serve sessions over HTTP: runs, a live event stream, approvals, the review page")
     sv.add_argument("--agent", metavar="MODULE:ATTR",
-                    help="the Agent to serve (an Agent, or a callable returning one); default: the embedded model "
-                         "with the default plugins")
+                    help="the Agent to serve (an Agent, or a callable returning one); default: the agent `run` "
+                         "builds from the same flags (--provider, --tool, --policy, --approve-tools, --middleware "
+                         "...), with none the embedded model with the default plugins")
     sv.add_argument("--host", default="127.0.0.1",
                     help="address to listen on (default 127.0.0.1; any other needs tokens)")
     sv.add_argument("--port", type=int, default=8000, help="port (default 8000; 0: any free port)")

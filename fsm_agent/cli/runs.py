@@ -322,8 +322,32 @@ def _limits(items: Sequence[str]) -> dict[str, Any]:
     return limits
 
 
+_RUN_BUDGET_FLAGS = (("--max-iterations", "iterations"), ("--timeout", "wall_clock"), ("--max-tokens", "tokens"))
+"""``run``'s budget flags, which ``resume`` takes too: (flag, its ``--budget`` name)."""
+
+
+def _run_budget_flags(args: argparse.Namespace, limits: dict[str, Any]) -> None:
+    """Add ``resume --max-iterations/--timeout/--max-tokens`` to ``limits`` (``--budget``'s).
+
+    Raises:
+        ConfigurationError: a value that is not positive, or one given both ways with two values.
+    """
+    for flag, name in _RUN_BUDGET_FLAGS:
+        value = getattr(args, flag[2:].replace("-", "_"), None)
+        if value is None:
+            continue
+        field, kind = _BUDGETS[name]
+        _positive(flag, value, whole=kind is int)
+        if field in limits and limits[field] != value:
+            raise ConfigurationError(f"{flag} {value:g} and --budget {name}={limits[field]:g} disagree; give one")
+        limits[field] = value
+
+
 async def resume_command(args: argparse.Namespace, out: TextIO, err: TextIO, progress: Progress | None = None) -> int:
     """``fsm-agent resume ID``: returns the exit code of the resumed run's stop reason.
+
+    Budgets are raised with ``--budget NAME=VALUE`` or ``run``'s own flags (``--max-iterations``,
+    ``--timeout``, ``--max-tokens``).
 
     Raises:
         ConfigurationError: a bad decision, budget, number, store or local model, or a resume that
@@ -335,6 +359,7 @@ async def resume_command(args: argparse.Namespace, out: TextIO, err: TextIO, pro
 
     progress = progress or Progress()
     limits = _limits(args.budget)  # usage mistakes first: no store is needed to find them
+    _run_budget_flags(args, limits)
     _positive("--max-output-tokens", args.max_output_tokens, whole=True)
     if args.max_output_tokens is not None:
         limits["max_output_tokens"] = args.max_output_tokens

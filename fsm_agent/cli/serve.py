@@ -10,17 +10,21 @@ import argparse
 from typing import TextIO
 
 from ..errors import ConfigurationError
-from .factory import AgentFactory, checked_store, default_settings
+from .factory import AgentFactory, checked_store, settings_of
+from .parser import AGENT_FLAGS
 
 __all__ = ["serve_command"]
 
 
 async def serve_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    """``serve``: the ``--agent`` given, else the embedded model with the default plugins, until
-    stopped; returns 0.
+    """``serve``: the ``--agent`` given, else the agent ``run`` builds from the same flags
+    (``--provider``, ``--tool``, ``--policy``, ``--approve-tools``, ``--middleware`` ...; with none, the
+    embedded model with the default plugins), until stopped; returns 0.
 
     Raises:
-        ConfigurationError: a bad port, tokens file, bind address without tokens, A2A name or store.
+        ConfigurationError: a bad port, tokens file, bind address without tokens, A2A name or store;
+            ``--agent`` together with agent flags; an unknown tool or plugin, a bad policy file, an
+            ``--approve-tools`` pattern that matches no enabled tool (before anything starts).
     """
     from ..server.auth import Tenants, check_bind
     from ..server.serve import serve
@@ -28,6 +32,11 @@ async def serve_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> i
 
     if not 0 <= args.port <= 65535:
         raise ConfigurationError(f"--port {args.port}: give 0 (any free port) to 65535")
+    given = [f"--{name.replace('_', '-')}" for name in AGENT_FLAGS if getattr(args, name, None) not in (None, [], False)]
+    if args.agent and given:
+        raise ConfigurationError(f"--agent {args.agent} serves your Agent as it is built, and {', '.join(given)} "
+                                 "configure the agent the command line builds: give --agent or these, not both")
+    factory = None if args.agent else AgentFactory(settings_of(args), args.api_key, err)  # bad names fail here
     tenants = Tenants.from_file(args.tokens) if args.tokens else Tenants.from_env()
     check_bind(args.host, tenants)  # before any model server starts
     a2a = None
@@ -45,7 +54,8 @@ async def serve_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> i
             return 0
         from ..config import RunConfig
 
-        async with AgentFactory(default_settings(), None, err) as factory:
+        assert factory is not None
+        async with factory:
             agent = factory.agent(store, RunConfig(), [])
             await serve(agent, host=args.host, port=args.port, tenants=tenants, cors_origins=args.cors_origin,
                         local_runs=args.local_runs, out=err, a2a=a2a)
