@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from attrs import evolve
 
-from .errors import ChainError, MiddlewareError, ProviderError, ReplayDivergence, Signal
+from .errors import ChainError, MiddlewareError, ProviderError, ReplayDivergence, Signal, StopRun
 from .middleware import (
     ASYNC_ONLY,
     HOOKS,
@@ -256,7 +256,8 @@ class MiddlewareChain:
         for h in self._events:
             try:
                 out = h.fn(out, ctx)
-            except (Signal, ReplayDivergence):  # StopRun from on_model_event ends the run as from any other hook
+            except (Signal, ReplayDivergence) as sig:  # StopRun from on_model_event ends the run as from any other hook
+                stopped_by(sig, h.name)
                 raise
             except Exception as exc:
                 if h.isolate:
@@ -299,7 +300,8 @@ async def _call(h: _Hook, hook: str, *args: Any) -> Any:
         if h.is_async:
             result = await result
         return result
-    except (Signal, ReplayDivergence):
+    except (Signal, ReplayDivergence) as sig:
+        stopped_by(sig, h.name)
         raise
     except Exception as exc:
         if h.isolate:
@@ -329,11 +331,16 @@ def _layer(h: _Hook, hook: str, nxt: Composed[Any, Any]) -> Composed[Any, Any]:
         async def call_next(a: Any) -> Any:
             nonlocal entered
             entered = True
-            return await nxt(a, ctx, inner)
+            try:
+                return await nxt(a, ctx, inner)
+            except StopRun as sig:
+                stopped_by(sig, None)  # from further in (an inner layer named itself; else not a middleware)
+                raise
 
         try:
             return await fn(arg, call_next, ctx)
-        except (Signal, ProviderError, MiddlewareError, ReplayDivergence):
+        except (Signal, ProviderError, MiddlewareError, ReplayDivergence) as sig:
+            stopped_by(sig, h.name)
             raise
         except Exception as exc:
             if h.isolate and not entered:
@@ -347,3 +354,11 @@ def _layer(h: _Hook, hook: str, nxt: Composed[Any, Any]) -> Composed[Any, Any]:
 
 
 _ISOLATED = object()
+
+
+def stopped_by(sig: BaseException, name: str | None) -> None:
+    """Name the middleware a ``StopRun`` came from, once, as ``sig.middleware`` (the first hook it
+    leaves; ``None`` when it came from inside a ``call_next``, e.g. a tool, and no layer raised it).
+    Observers see it in the ``stop`` :class:`~fsm_agent.types.events.PolicyDecision`."""
+    if isinstance(sig, StopRun) and "middleware" not in sig.__dict__:
+        sig.middleware = name  # type: ignore[attr-defined]

@@ -10,6 +10,10 @@ plain callable that receives every event:
 * ``on_budget_warning(BudgetWarning)``;
 * ``on_approval_requested(ApprovalRequested)`` — tool calls wait for a person;
 * ``on_plan_updated(PlanUpdated)`` — the run's plan changed (PlanAct);
+* ``on_policy_decision(PolicyDecision)`` — a middleware denied, asked about, edited or answered a
+  tool call, decided the turn, or stopped the run (naming the middleware);
+* ``on_plugin_event(event)`` — an event a plugin emitted (``ctx.emit``) of a type not listed here
+  (compaction's ``Compacted`` ...); only observers with this method receive them;
 * ``on_event(event)`` — everything, after the specific method.
 
 Methods may be sync or async. Observers run in registration order; an async
@@ -34,6 +38,7 @@ from .types.events import (
     ModelStreamEvent,
     ObserverEvent,
     PlanUpdated,
+    PolicyDecision,
     ToolFinished,
     ToolProgress,
     ToolStarted,
@@ -61,6 +66,7 @@ _METHOD = {
     ToolProgress: "on_tool_progress",
     UsageRolledUp: "on_usage_rolled_up",
     PlanUpdated: "on_plan_updated",
+    PolicyDecision: "on_policy_decision",
 }
 
 
@@ -87,18 +93,28 @@ class Observer:
 
     def on_plan_updated(self, event: PlanUpdated) -> Any: ...
 
+    def on_policy_decision(self, event: PolicyDecision) -> Any: ...
+
+    def on_plugin_event(self, event: Any) -> Any: ...
+
 
 class HookBus:
     """Fans events out to observers, isolating their failures. Frozen once built."""
 
-    __slots__ = ("_table", "_any", "observers")
+    __slots__ = ("_table", "_any", "_plugin", "observers")
 
     def __init__(self, observers: Iterable[Any] = ()) -> None:
         self.observers: tuple[Any, ...] = tuple(observers)
         self._table: dict[type, list[tuple[Any, Callable[..., Any]]]] = {t: [] for t in _METHOD}
         self._any = False
+        self._plugin: list[tuple[Any, Callable[..., Any]]] = []
+        """The ``on_plugin_event`` methods: events of the types not in the table go to them."""
         for obs in self.observers:
             found = False
+            on_plugin = getattr(obs, "on_plugin_event", None)
+            if on_plugin is not None and not _is_noop(obs, "on_plugin_event"):
+                self._plugin.append((obs, on_plugin))
+                found = True
             for etype, name in _METHOD.items():
                 fn = getattr(obs, name, None)
                 if fn is not None and not _is_noop(obs, name):
@@ -125,7 +141,7 @@ class HookBus:
 
     async def emit(self, event: ObserverEvent) -> None:
         """Deliver ``event``; never raises (except on cancellation)."""
-        targets = self._table.get(type(event))
+        targets = self._table.get(type(event), self._plugin)
         if not targets:
             return
         muted = observers_muted.get()

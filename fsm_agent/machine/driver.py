@@ -37,7 +37,7 @@ from ..hooks import HookBus
 from ..providers.base import Provider
 from ..store.base import ControlKind, ControlRecord, LedgerEntry
 from ..types.codec import unstructure
-from ..types.events import TransitionEvent
+from ..types.events import PolicyDecision, TransitionEvent
 from ..types.messages import AssistantMessage, Message, Usage
 from ..types.requests import MessageRequest, MessageResponse
 from ..types.run import RunResult, RunStop, StopReason
@@ -353,6 +353,11 @@ class Driver:
             self._control_pending = False
             return await self.controls.after_cut()
         except StopRun as sig:
+            by = getattr(sig, "middleware", None)  # named by the chain (fsm_agent.chain.stopped_by)
+            if by is not None and self.bus.wants(PolicyDecision):
+                await self.bus.emit(PolicyDecision(self.session_id, self.run_state.turn, by, self.machine.state.value,
+                                                   "stop", sig.detail, stop_reason=str(getattr(sig.reason, "value",
+                                                                                               sig.reason))))
             await self.controls.close_open_calls(keep_unstarted=False)
             try:
                 reason = StopReason(sig.reason)

@@ -45,7 +45,8 @@ from ..store.decisions import DECISIONS_AWAITED, DECISIONS_TAKEN, read_decisions
 from ..tools.registry import RUN_AGAIN, ToolEffect
 from ..types.codec import structure, unstructure
 from ..types.content import ToolUseBlock
-from ..types.events import ApprovalRequested, ToolFinished, ToolProgress, ToolStarted, UsageRolledUp
+from ..types.events import (ApprovalRequested, PolicyDecision, ToolFinished, ToolProgress, ToolStarted,
+                            UsageRolledUp)
 from ..types.messages import ToolResultMessage
 from ..types.run import PendingAction, StopReason
 from .host import Host
@@ -61,6 +62,10 @@ when the call is in :data:`RUN_ON_REJECT`)."""
 RUN_ON_REJECT = "waiting_calls_run_on_reject"
 """``RunState.metadata`` key: the :data:`WAITING_CALLS` whose tool raised ``WaitForHuman(...,
 run_on_reject=True)``: a ``reject`` runs them again too, instead of closing them."""
+
+
+_DECISION_KINDS: dict[type, str] = {Deny: "deny", AskApproval: "ask", Edit: "edit", Respond: "respond"}
+"""The :class:`PolicyDecision` name of each tool decision."""
 
 
 class MidTurn:
@@ -237,7 +242,10 @@ class MidTurn:
         """The middleware's decisions on ``call``: (the call as edited, a final result or None, the
         ledger status of that result, an approval request or None)."""
         decided, final, status, ask = call, None, LedgerStatus.APPROVED, None
-        for name, dec in await self.h.chain.tool_decisions(call, self.h.view):
+        decisions = await self.h.chain.tool_decisions(call, self.h.view)
+        if decisions and self.h.bus.wants(PolicyDecision):
+            await self._announce(call, decisions)
+        for name, dec in decisions:
             if isinstance(dec, Edit):
                 decided = evolve(decided, input=dict(dec.arguments), raw_input=None)
             elif isinstance(dec, Deny):
@@ -251,6 +259,15 @@ class MidTurn:
             elif isinstance(dec, AskApproval):
                 ask = dec
         return decided, final, status, ask
+
+    async def _announce(self, call: ToolUseBlock, decisions: list[tuple[str, Any]]) -> None:
+        """Tell the observers who decided what on ``call`` (:class:`PolicyDecision`; ``Allow`` is no decision)."""
+        h = self.h
+        for name, dec in decisions:
+            kind = _DECISION_KINDS.get(type(dec))
+            if kind is not None:
+                await h.bus.emit(PolicyDecision(h.session_id, h.run_state.turn, name, "on_tool_call", kind,
+                                                str(getattr(dec, "reason", "")), call))
 
     async def _execute(self, to_run: list[ToolUseBlock], results: dict[str, ToolResultMessage],
                        approved: dict[str, Decision]) -> None:

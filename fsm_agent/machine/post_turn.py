@@ -7,6 +7,7 @@ from typing import Any
 
 from ..middleware import Complete, Continue
 from ..structured import parse_output, repair_message
+from ..types.events import PolicyDecision
 from ..types.messages import ModelStopReason, UserMessage
 from ..types.requests import MessageResponse
 from ..types.run import StopReason
@@ -40,6 +41,9 @@ class PostTurn:
         decision = await h.chain.turn_decision(ctx)
         if decision is not None:
             name, d = decision
+            if h.bus.wants(PolicyDecision) and isinstance(d, (Complete, Continue)):
+                kind, why = ("complete", d.detail) if isinstance(d, Complete) else ("continue", d.reason)
+                await h.bus.emit(PolicyDecision(h.session_id, run.turn, name, "post_turn", kind, why))
             if isinstance(d, Complete):
                 followed = await self.controls.followups()
                 if followed is not None:

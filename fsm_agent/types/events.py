@@ -24,6 +24,7 @@ __all__ = [
     "ModelStreamEvent",
     "ObserverEvent",
     "PlanUpdated",
+    "PolicyDecision",
     "ToolFinished",
     "ToolProgress",
     "ToolStarted",
@@ -219,5 +220,30 @@ class PlanUpdated:
     """What changed and why, in words (``node s2 failed its check: ...; replanned``)."""
 
 
+@frozen
+class PolicyDecision:
+    """A middleware decided something that changes the run: on a tool call (``deny``, ``ask``,
+    ``edit``, ``respond``, from ``on_tool_call``), on the turn (``complete``, ``continue``, from
+    ``post_turn``), or ended it (``stop``: a ``StopRun`` raised by one of its hooks). Delivered to
+    observers only; the session log keeps the outcomes (the tool result, the transition, the stop)."""
+
+    TAG: ClassVar[str] = "policy_decision"
+    session_id: str
+    turn: int
+    middleware: str
+    """The deciding middleware's ``middleware_name``."""
+    hook: str
+    """The hook that decided (``on_tool_call``, ``post_turn``); for ``stop``, the phase the run was in
+    (``PreTurn``, ``Model``, ``MidTurn``, ``PostTurn``)."""
+    decision: str
+    """``deny``, ``ask``, ``edit``, ``respond``, ``complete``, ``continue`` or ``stop``."""
+    reason: str = ""
+    """The decision's own words (a deny's reason, a stop's detail ...); may quote the conversation."""
+    call: ToolUseBlock | None = None
+    """The tool call decided on (``on_tool_call`` decisions), as the model made it."""
+    stop_reason: str | None = None
+    """For ``stop``: the :class:`~fsm_agent.StopReason` value asked for."""
+
+
 ObserverEvent = Union[TransitionEvent, ModelStreamEvent, ModelRetry, ToolStarted, ToolFinished, BudgetWarning,
-                      ApprovalRequested, ToolProgress, UsageRolledUp, PlanUpdated]
+                      ApprovalRequested, ToolProgress, UsageRolledUp, PlanUpdated, PolicyDecision]
