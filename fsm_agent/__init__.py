@@ -83,6 +83,7 @@ from .types import (
     Plan,
     PlanNode,
     PlanUpdated,
+    PolicyDecision,
     RunResult,
     RunStop,
     StopReason,
@@ -142,6 +143,7 @@ __all__ = [
     "Plan",
     "PlanNode",
     "PlanUpdated",
+    "PolicyDecision",
     "PostgresStore",
     "Profile",
     "Provider",
@@ -201,10 +203,25 @@ __all__ = [
     "__version__",
     "create_provider",
     "default_middleware",
+    "instrument",
     "parse_output",
     "structured_call",
     "tool",
 ]
+
+
+def instrument(settings: object = None, **options: object) -> object:
+    """Turn on OpenTelemetry GenAI traces and metrics for every :class:`Agent` run in this process
+    (an agent's own ``Agent(instrument=...)`` wins). Needs the extra ``fsm-agent[otel]``; nothing of
+    OpenTelemetry is imported until this is called. See :func:`fsm_agent.otel.instrument` for the
+    arguments; returns the :class:`fsm_agent.otel.Instrumentation` now in force.
+
+    Raises:
+        ConfigurationError: the ``otel`` extra is not installed, or a bad setting.
+    """
+    from .otel import instrument as _instrument
+
+    return _instrument(settings, **options)  # type: ignore[arg-type]
 
 
 def __getattr__(name: str) -> object:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import signal
 import socket
@@ -45,6 +46,9 @@ from .machine.port import EffectPort
 from .machine.state import RunState
 from .machine.view import RunView
 from .middleware import Middleware
+from .otel import OtelSettings
+from .otel import active as _otel_active
+from .otel import build as _otel_build
 from .pricing import cost_usd
 from .providers.base import Provider
 from .store.base import QUEUED, ControlKind, LedgerEntry, LedgerStatus, SessionRecord, Store
@@ -82,10 +86,16 @@ class Agent:
         control_poll: seconds between checks for control events while a model call or tools run.
         host: a durable host (``fsm_agent.temporal.TemporalHost``: the sessions run as Temporal
             workflows on workers serving this agent); ``None``: runs happen in this process.
+        instrument: OpenTelemetry GenAI traces and metrics of this agent's runs (extra
+            ``fsm-agent[otel]``; :mod:`fsm_agent.otel`): ``True`` (the defaults) or an
+            :class:`~fsm_agent.otel.OtelSettings`; ``False``: never, even when
+            :func:`fsm_agent.instrument` turned it on for the process; ``None`` (default): as the
+            process says (off unless :func:`fsm_agent.instrument` was called).
 
     Raises:
         ChainError: the middleware cannot form a chain (cycle, missing requirement, bad hook).
-        ConfigurationError: duplicate tool names, an observer that is neither callable nor has ``on_*``.
+        ConfigurationError: duplicate tool names, an observer that is neither callable nor has ``on_*``;
+            ``instrument`` given without OpenTelemetry installed, or of another type.
     """
 
     def __init__(
@@ -102,6 +112,7 @@ class Agent:
         lease_ttl: float = 30.0,
         control_poll: float = 0.5,
         host: Any = None,
+        instrument: bool | OtelSettings | None = None,
     ) -> None:
         self.provider = provider
         self.host = host
@@ -118,6 +129,9 @@ class Agent:
         self.control_poll = control_poll
         self._active: set[Driver] = set()
         """Drivers of this agent's runs in flight in this process (for :meth:`drain_on_signals`)."""
+        self.instrument = instrument
+        self._otel: Any = _otel_build(instrument) if instrument is not None and instrument is not False else None
+        """This agent's own instrumentation (``instrument=True`` or settings), built once."""
 
     @property
     def middleware(self) -> tuple[Middleware, ...]:
@@ -143,6 +157,7 @@ class Agent:
                       middleware=[*self.middleware, *middleware], observers=self.hooks.observers, config=self.config,
                       store=self.store, worker_id=self.worker_id, lease_ttl=self.lease_ttl,
                       control_poll=self.control_poll)
+        agent.instrument, agent._otel = self.instrument, self._otel
         agent._active = self._active
         return agent
 
@@ -184,20 +199,41 @@ class Agent:
         return live if factory is None else factory(live)
 
     def driver(self, ctx: RunView, journal: Journal | None = None,
-               ledger: Mapping[str, LedgerEntry] | None = None, *, port: EffectPort | None = None) -> Driver:
+               ledger: Mapping[str, LedgerEntry] | None = None, *, port: EffectPort | None = None,
+               hooks: HookBus | None = None) -> Driver:
         """A driver for ``ctx`` (freezes the middleware chain); ``ledger``: the session's tool-call
-        ledger; ``port``: its effects (default: the journal's port, else :meth:`live_port`)."""
+        ledger; ``port``: its effects (default: the journal's port, else :meth:`live_port`);
+        ``hooks``: its observers (default: the agent's)."""
         self.chain.freeze()
         if port is None:
             port = journal.port if journal is not None else self.live_port()
-        return Driver(ctx, self.chain, self.hooks, port=port, cost_of=cost_usd, journal=journal,
-                      lease_ttl=self.lease_ttl, ledger=ledger)
+        return Driver(ctx, self.chain, self.hooks if hooks is None else hooks, port=port, cost_of=cost_usd,
+                      journal=journal, lease_ttl=self.lease_ttl, ledger=ledger)
+
+    def _instrumentation(self) -> Any:
+        """The instrumentation this agent's runs use now (:mod:`fsm_agent.otel`), or ``None``."""
+        if self.instrument is None:
+            return _otel_active()
+        return self._otel
 
     async def _drive(self, ctx: RunView, journal: Journal, first: Trigger | None, reason: str,
                      ledger: Mapping[str, LedgerEntry] | None = None) -> RunResult:
-        driver = self.driver(ctx, journal, ledger)
+        otel = self._instrumentation()
+        segment = None
+        if otel is not None:
+            try:  # the segment's span, its traced port and its observer (fsm_agent.otel)
+                segment = otel.segment(ctx, self.chain, reason)
+                driver = self.driver(ctx, journal, ledger, port=segment.port(journal.port),
+                                     hooks=segment.bus(self.hooks))
+            except Exception:  # noqa: BLE001 - tracing never stops a run
+                logging.getLogger("fsm_agent.otel").exception("could not trace session %s", ctx.session_id)
+                segment, driver = None, self.driver(ctx, journal, ledger)
+        else:
+            driver = self.driver(ctx, journal, ledger)
         self._active.add(driver)
         try:
+            if segment is not None:
+                return await segment.run(driver.run(first, reason), self.store)  # type: ignore[no-any-return]
             return await driver.run(first, reason)
         finally:
             self._active.discard(driver)

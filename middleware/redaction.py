@@ -25,10 +25,14 @@ Where masking happens (and nothing else is touched):
    ``MessageComplete``); a lossless holdback needs ``on_model_event`` to return
    several events for one, which the contract does not allow today. Thinking
    deltas are masked here although thinking blocks are not masked before the model.
-3. **Logs** — :class:`RedactionFilter` (``Redaction(...).log_filter()``), a
+3. **Traces** — ``mask_for_telemetry`` masks what OpenTelemetry content capture puts on spans
+   (:mod:`fsm_agent.otel`: message content, tool arguments and results, stop details), with
+   this run's placeholder for a value the model already saw masked and ``[REDACTED:<kind>]`` for
+   any other (it never adds placeholders: the run is not changed by being traced).
+4. **Logs** — :class:`RedactionFilter` (``Redaction(...).log_filter()``), a
    ``logging.Filter`` for handlers: it masks the formatted message, the
    traceback text and the stack info with the same rules, as ``[REDACTED:<kind>]``.
-4. **Tool arguments, restored** — with ``restore_in_tool_args=True`` (every tool)
+5. **Tool arguments, restored** — with ``restore_in_tool_args=True`` (every tool)
    or a collection of tool names, ``wrap_tool_call`` swaps this run's
    placeholders in the call's arguments back to the originals for the tool's
    execution only; the transcript keeps the model's call with placeholders.
@@ -316,6 +320,15 @@ class Redaction(Middleware):
     def mask_text(self, text: str, ctx: RunContext) -> str:
         """``text`` with every match replaced by this run's placeholder for it."""
         return self._masker.mask(text, self._assigner(ctx.state(self)))
+
+    def mask_for_telemetry(self, text: str, ctx: RunContext | None = None) -> str:
+        """``text`` as telemetry may show it (:mod:`fsm_agent.otel` calls this on every string it puts
+        on a span with content capture on): each match becomes this run's placeholder for it when the
+        model saw one, else ``[REDACTED:<kind>]``. Reads the run's state; never changes it."""
+        known: dict[str, str] = {}
+        if ctx is not None:
+            known = ctx.state(self).get("placeholders") or {}
+        return self._masker.mask(text, lambda kind, value: known.get(value) or f"[REDACTED:{kind}]")
 
     def _block(self, b: Any, assign: Callable[[str, str], str]) -> Any:
         if isinstance(b, TextBlock):

@@ -44,6 +44,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
       "fsm_agent.machine.midturn", "fsm_agent.machine.post_turn")),
     ("the loop",
      ("fsm_agent.machine.driver", "fsm_agent.machine")),
+    ("observability: OpenTelemetry spans and metrics of a run (its port decorator and observer)",
+     ("fsm_agent.otel.*",)),
     ("assembly: plugin discovery, the Agent",
      ("fsm_agent.plugins", "fsm_agent.agent")),
     ("around the agent: test helpers, the local model server, diagrams, multi-agent patterns",
