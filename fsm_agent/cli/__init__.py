@@ -1,7 +1,7 @@
 """The ``fsm-agent`` command line (argparse; no business logic here).
 
 Commands: ``run``, ``resume``, ``sessions list|show``, ``control``, ``serve``, ``worker``,
-``diagram``, ``decode``, ``middleware list``.
+``diagram``, ``decode``, ``middleware list``, ``memory list|search|show|delete``.
 
 Exit codes: 0 COMPLETED (or success); 2 a usage or configuration error (a session store that
 cannot be opened among them), an unknown session, a session that cannot be resumed (or a decision
@@ -83,6 +83,10 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None, err: T
             return decode_command(args, out, err)
         if args.command == "middleware":
             return middleware_command(args, out, err)
+        if args.command == "memory":
+            from .memory import memory_command
+
+            return asyncio.run(memory_command(args, out, err))
     except SessionExistsError as exc:  # Agent.run found the id taken (a race with the check in run_command)
         err.write(f"fsm-agent: {session_exists(exc.session_id)}\n")
         return 2

@@ -85,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="fsm-agent", description="Run LLM agents as an explicit state machine.")
     p.add_argument("--version", action="version", version=f"fsm-agent {__version__}")
     sub = p.add_subparsers(dest="command", required=True,  # the metavar: a missing command names them all
-                           metavar="{run,resume,sessions,control,serve,worker,diagram,decode,middleware}")
+                           metavar="{run,resume,sessions,control,serve,worker,diagram,decode,middleware,memory}")
     common, store = common_flags(), store_flag()
     _add_run(sub, [common, store])
     _add_resume(sub, [common, store])
@@ -99,6 +99,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_worker_command(sub, parents=[common])
     _add_middleware(sub)
+    from .memory import add_memory_command
+
+    add_memory_command(sub, [store])
     return p
 
 

@@ -17,7 +17,8 @@ from .base import (
     Store,
     WriteBatch,
 )
-from .episodes import Episode, EpisodeHit, EpisodeStep, EpisodeStore, open_episode_store
+from .episodes import Episode, EpisodeHit, EpisodeStep, EpisodeStore
+from .episodes_open import open_episode_store
 from .episodes_sqlite import SQLiteEpisodeStore
 from .memory import MemoryStore
 from .sessions import LoadedSession, descendants, load_session, read_turns, send_control, upgrade_checkpoint, upgrade_event

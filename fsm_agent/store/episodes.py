@@ -8,8 +8,8 @@ relevant ones into the context of a new run.
 Two stores, beside the session store (the same SQLite file or PostgreSQL database by default, in
 tables of their own, created by their own migrations): :class:`~fsm_agent.store.SQLiteEpisodeStore`
 (SQLite FTS5, ranked by BM25) and :class:`~fsm_agent.store.PostgresEpisodeStore` (a ``tsvector``
-with a GIN index, ranked by ``ts_rank``). :func:`open_episode_store` picks one from a location as the
-CLI's ``--store`` does.
+with a GIN index, ranked by ``ts_rank``). :func:`~fsm_agent.store.open_episode_store` picks one from a
+location as the CLI's ``--store`` does.
 
 **Search.** Both stores index the same terms, made by :func:`search_terms`: words (letters and digits,
 lower-cased; English words are stemmed by the database, so ``emails`` finds ``email``), and, for
@@ -35,10 +35,8 @@ from __future__ import annotations
 import abc
 import inspect
 import math
-import os
 import re
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from pathlib import Path
 from typing import Any
 
 from attrs import field, frozen
@@ -47,7 +45,7 @@ from attrs.validators import instance_of, optional
 from ..errors import ConfigurationError
 
 __all__ = ["DEFAULT_TENANT", "Embed", "Episode", "EpisodeHit", "EpisodeStep", "EpisodeStore", "SearchTerms",
-           "check_tenant", "open_episode_store", "search_terms"]
+           "check_tenant", "search_terms"]
 
 DEFAULT_TENANT = "default"
 """The tenant of a session without one (as :data:`fsm_agent.server.auth.DEFAULT_TENANT`)."""
@@ -360,33 +358,3 @@ def _cosine(a: Sequence[float], b: Sequence[float]) -> float:
     dot = sum(x * y for x, y in zip(a, b))
     na, nb = math.sqrt(sum(x * x for x in a)), math.sqrt(sum(y * y for y in b))
     return dot / (na * nb) if na and nb else 0.0
-
-
-def default_location() -> str:
-    """``$FSM_AGENT_STORE``, else ``~/.fsm-agent/sessions.db`` (under ``$FSM_AGENT_HOME`` when set):
-    where the CLI keeps sessions, so that episodes sit beside them."""
-    loc = os.environ.get("FSM_AGENT_STORE")
-    if loc:
-        return loc
-    return str(Path(os.environ.get("FSM_AGENT_HOME") or "~/.fsm-agent").expanduser() / "sessions.db")
-
-
-def open_episode_store(location: str | Path | None = None, *, embed: Embed | None = None,
-                       create: bool = True) -> EpisodeStore:
-    """The episode store at ``location``: a SQLite file path, or a ``postgresql://`` DSN; ``None``:
-    beside the CLI's session store (:func:`default_location`).
-
-    Raises:
-        ConfigurationError: ``create`` is false and there is no SQLite file there.
-        StoreError: the SQLite file cannot be opened or migrated (PostgreSQL connects at first use).
-    """
-    loc = str(location) if location is not None else default_location()
-    if loc.startswith(("postgres://", "postgresql://")):
-        from .episodes_postgres import PostgresEpisodeStore
-
-        return PostgresEpisodeStore(loc, embed=embed)
-    if not create and loc != ":memory:" and not loc.startswith("file:") and not Path(loc).is_file():
-        raise ConfigurationError(f"no store at {loc}: check --store or $FSM_AGENT_STORE")
-    from .episodes_sqlite import SQLiteEpisodeStore
-
-    return SQLiteEpisodeStore(loc, embed=embed)
