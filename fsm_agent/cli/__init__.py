@@ -64,7 +64,12 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None, err: T
     err = err or sys.stderr
     args = build_parser().parse_args(argv)
     progress = Progress()
+    otel_shutdown = None
     try:
+        if getattr(args, "otel", False):  # run, resume, serve, worker: OTLP/HTTP from the OTEL_* variables
+            from ..otel import configure_otlp
+
+            otel_shutdown = configure_otlp()
         if args.command == "run":
             return asyncio.run(run_command(args, out, err, progress))
         if args.command == "resume":
@@ -110,4 +115,7 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None, err: T
     except OSError as exc:  # a file named on the command line
         err.write(f"fsm-agent: {exc.strerror or exc}: {exc.filename or ''}\n")
         return 1
+    finally:
+        if otel_shutdown is not None:
+            otel_shutdown()  # flush the spans and metrics still batched
     return 2

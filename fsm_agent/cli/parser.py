@@ -17,7 +17,7 @@ from typing import Any
 from .._version import __version__
 from ..plugins import DEFAULT_MIDDLEWARE
 
-__all__ = ["AGENT_FLAGS", "agent_flags", "build_parser", "common_flags", "store_flag"]
+__all__ = ["AGENT_FLAGS", "agent_flags", "build_parser", "common_flags", "otel_flag", "store_flag"]
 
 _Parents = list[argparse.ArgumentParser]
 
@@ -29,6 +29,17 @@ def common_flags() -> argparse.ArgumentParser:
     None yet: a flag that all of them take (a durable-execution backend, a tracing exporter) is
     added here once, and each of those commands has it."""
     return argparse.ArgumentParser(add_help=False)
+
+
+def otel_flag() -> argparse.ArgumentParser:
+    """The parent parser of ``--otel``, for the commands that run agents (``run``, ``resume``,
+    ``serve``, ``worker``)."""
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--otel", action="store_true",
+                   help="export OpenTelemetry GenAI traces and metrics over OTLP/HTTP, configured by the standard "
+                        "OTEL_* variables (OTEL_EXPORTER_OTLP_ENDPOINT, default http://localhost:4318; "
+                        "OTEL_SERVICE_NAME ...); needs the extra fsm-agent[otel]")
+    return p
 
 
 def store_flag() -> argparse.ArgumentParser:
@@ -86,18 +97,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"fsm-agent {__version__}")
     sub = p.add_subparsers(dest="command", required=True,  # the metavar: a missing command names them all
                            metavar="{run,resume,sessions,control,serve,worker,diagram,decode,middleware,memory}")
-    common, store = common_flags(), store_flag()
-    _add_run(sub, [common, store])
-    _add_resume(sub, [common, store])
+    common, store, otel = common_flags(), store_flag(), otel_flag()
+    _add_run(sub, [common, store, otel])
+    _add_resume(sub, [common, store, otel])
     _add_sessions(sub, [common, store])
     _add_control(sub, [common, store])
     _add_diagram(sub, [common])
     _add_decode(sub)
-    _add_serve(sub, [common, store])
+    _add_serve(sub, [common, store, otel])
 
     from ..server.worker import add_worker_command
 
-    add_worker_command(sub, parents=[common])
+    add_worker_command(sub, parents=[common, otel])
     _add_middleware(sub)
     from .memory import add_memory_command
 

@@ -33,6 +33,7 @@ A run never waits on a client: the store only sets wake-up flags (:mod:`fsm_agen
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
@@ -115,6 +116,20 @@ def _check_new_sid(sid: str) -> str:
         raise Problem(400, "Wrong field", f"session ids starting with {A2A_ID_PREFIX!r} are reserved for A2A tasks: "
                                           "choose another id, or none (the server then picks one)")
     return sid
+
+
+_TRACEPARENT = re.compile(r"^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$")
+
+
+def _trace_context(request: web.Request) -> dict[str, str] | None:
+    """The caller's W3C trace context (``traceparent``, ``tracestate``), to be stored in the session's
+    metadata (``otel_parent``): the run this request starts or resumes continues the caller's trace
+    (:mod:`fsm_agent.otel`, on whichever worker drives it). ``None``: none, or not well formed."""
+    parent = request.headers.get("traceparent", "").strip().lower()
+    if not _TRACEPARENT.match(parent) or parent.startswith("ff"):
+        return None
+    state = request.headers.get("tracestate", "").strip()
+    return {"traceparent": parent, **({"tracestate": state} if state and len(state) <= 512 else {})}
 
 
 def _exists(sid: str) -> Problem:
@@ -233,7 +248,9 @@ class _Server:
 
     async def create(self, request: web.Request, sid: str | None, task: str) -> SessionRecord:
         sid = _check_new_sid(sid) if sid is not None else uuid.uuid4().hex
-        rec = SessionRecord(sid, QUEUED, goal=task[:2000], metadata={"tenant": request[TENANT], "task": task})
+        trace = _trace_context(request)
+        rec = SessionRecord(sid, QUEUED, goal=task[:2000], metadata={"tenant": request[TENANT], "task": task,
+                                                                    **({"otel_parent": trace} if trace else {})})
         try:
             await self.store.create_session(rec)
         except SessionExistsError as e:
@@ -293,6 +310,9 @@ class _Server:
                                                                                "a decision"))
             raise Problem(409, "Nothing to resume with", f"session {sid} waits for {what}; a resume without it "
                                                           "would stop at once")
+        trace = _trace_context(request)
+        if trace or rec.metadata.get("otel_parent"):  # this resume continues this caller's trace (or none)
+            await self.store.update_metadata(sid, {"otel_parent": trace})
         await self.runner.submit(RunRequest(sid, "resume", limits=dict(limits), confirm_cancel=confirm))
         return sid, rec.last_seq
 
