@@ -49,6 +49,10 @@ async def serve_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> i
         if args.agent:
             agent = load_agent(args.agent)
             agent.store = store
+            from .temporal import connect, host_of, target_of
+
+            if target_of(args):  # the runs happen on Temporal's workers; this process serves their log
+                agent.host = host_of(agent, await connect(args), args)
             await serve(agent, host=args.host, port=args.port, tenants=tenants, cors_origins=args.cors_origin,
                         local_runs=args.local_runs, out=err, a2a=a2a)
             return 0

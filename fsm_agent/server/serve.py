@@ -49,7 +49,7 @@ async def serve(agent: Agent, *, host: str = "127.0.0.1", port: int = 8000, tena
     check_bind(host, tenants)
     from ..store.postgres import PostgresStore
 
-    queued = isinstance(agent.store, PostgresStore) and not local_runs
+    queued = isinstance(agent.store, PostgresStore) and not local_runs and agent.host is None  # Temporal: its workers
 
     def runner_factory(a: Agent, store: Any) -> Any:
         from .queue import QueueRunner

@@ -23,7 +23,7 @@ from temporalio.service import RPCError
 from ..config import RunConfig
 from ..control import Cancel, Decision, Followup, Interrupt, LoopControl, Steer
 from ..errors import ResumeError, SessionBusyError, SessionExistsError
-from ..store.base import Store
+from ..store.base import QUEUED, Store
 from ..store.decisions import DecisionOutcome
 from ..store.sessions import load_session
 from ..types.codec import structure, unstructure
@@ -90,8 +90,9 @@ class TemporalHost:
         start = self._start(session_id, "run", task=unstructure(list(messages), list[Message]),
                             config=unstructure(config), metadata=dict(metadata or {}), limits=dict(limits))
         store = self.store or agent.store
-        if await store.get_session(session_id) is not None:
-            raise SessionExistsError(session_id)
+        rec = await store.get_session(session_id)
+        if rec is not None and not (rec.state == QUEUED and not rec.last_seq):
+            raise SessionExistsError(session_id)  # (a session a server created QUEUED is this run's own)
         try:
             handle = await self.client.start_workflow(
                 "fsm_agent.Session", start, id=session_id, task_queue=self.task_queue,
