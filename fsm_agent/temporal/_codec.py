@@ -63,8 +63,12 @@ def exception_form(exc: BaseException) -> dict[str, Any]:
 
 
 def exception_of(data: dict[str, Any]) -> BaseException:
-    """The exception :func:`exception_form` described (built without calling its ``__init__``)."""
-    cls = _class(data["type"])
+    """The exception :func:`exception_form` described (built without calling its ``__init__``); one
+    that is not fsm_agent's comes back as a :class:`RuntimeError` naming its type and message."""
+    try:
+        cls = _class(data["type"])
+    except (ValueError, ImportError, AttributeError):
+        return RuntimeError(f"{data['type']}: {', '.join(map(str, data.get('args') or []))}")
     exc: BaseException = cls.__new__(cls)
     exc.args = tuple(value_of(data.get("args") or []))
     for k, v in (data.get("state") or {}).items():

@@ -46,8 +46,8 @@ from ..types.stream import StreamEvent
 from ._codec import exception_form, form, value_of
 from .registry import agent_named, provider_named
 
-__all__ = ["ACTIVITIES", "MESSAGE_KEY", "apply_writes", "load_session", "message_digest", "model_call", "run_tool",
-           "tool_hook"]
+__all__ = ["ACTIVITIES", "MESSAGE_KEY", "apply_writes", "load_session", "message_digest", "model_call",
+           "plugin_effect", "run_tool", "tool_hook"]
 
 log = logging.getLogger("fsm_agent.temporal")
 
@@ -223,6 +223,24 @@ async def tool_hook(data: dict[str, Any]) -> Any:
     return form(out)
 
 
+@activity.defn(name="fsm_agent.plugin_effect")
+async def plugin_effect(data: dict[str, Any]) -> Any:
+    """A plugin's own I/O (``ctx.plugin_effect``): the method of the agent's middleware of that name."""
+    agent = agent_named(data["agent"])
+    await _apply(agent.store, data["writes"])
+    plugin = next((m for m in agent.middleware if (getattr(m, "middleware_name", None) or type(m).__name__)
+                   == data["plugin"]), None)
+    if plugin is None:
+        raise ApplicationError(f"no middleware {data['plugin']!r} in agent {data['agent']!r} on this worker",
+                               non_retryable=True)
+    try:
+        async with _heartbeating():
+            out = await LivePort(agent.store).plugin_effect(plugin, data["method"], value_of(data["args"]))
+    except Exception as exc:
+        raise _error(exc) from exc
+    return form(out)
+
+
 @activity.defn(name="fsm_agent.load_session")
 async def load_session(data: dict[str, Any]) -> dict[str, Any] | None:
     """What continuing a stored session needs: its record, message events, latest checkpoint, ledger
@@ -251,5 +269,5 @@ def loaded(data: dict[str, Any]) -> tuple[SessionRecord, list[Any], Checkpoint |
             {k: structure(v, LedgerEntry) for k, v in (data.get("ledger") or {}).items()}, data.get("kept") or {})
 
 
-ACTIVITIES = (apply_writes, model_call, run_tool, tool_hook, load_session)
+ACTIVITIES = (apply_writes, model_call, run_tool, tool_hook, plugin_effect, load_session)
 """Every activity a worker of fsm_agent sessions registers."""

@@ -258,6 +258,21 @@ class WorkflowPort:
             raise
         return value_of(out)
 
+    async def plugin_effect(self, plugin: Any, method: str, args: Sequence[Any]) -> Any:
+        """A plugin's own I/O (``ctx.plugin_effect``) as an activity: the worker that runs it finds the
+        plugin by its name among its agent's middleware."""
+        writes = self._take_writes()
+        name = getattr(plugin, "middleware_name", None) or type(plugin).__name__
+        data = {"agent": self.agent, "writes": writes, "plugin": name, "method": method, "args": form(list(args))}
+        try:
+            out = await self._activity("fsm_agent.plugin_effect", data, writes, retry=True, timeout=self.timeouts.tool)
+        except ActivityError as exc:
+            cause = exc.cause
+            if isinstance(cause, ApplicationError) and cause.details and "exception" in cause.details[0]:
+                raise exception_of(cause.details[0]["exception"]) from None
+            raise
+        return value_of(out)
+
     # -- controls --------------------------------------------------------------------------------
     def watch(self, session_id: str, owner: str | None, lease_ttl: float, on_control: Callable[[], None],
               on_lost: Callable[[str], None]) -> Cancellable:
