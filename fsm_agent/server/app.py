@@ -23,6 +23,8 @@ JSON in and out; every error is an RFC 9457 problem document (``application/prob
   ``?view=plan`` gives the session's PlanAct plan as a flowchart instead (404 without one), and the
   JSON form always carries ``plan`` and ``plan_mermaid`` (null without one).
 * ``GET /review/{sid}`` and ``/static/…``: the review page (:mod:`fsm_agent.server.review`).
+* ``GET /memory/episodes`` (``?q=`` to search), ``GET|DELETE /memory/episodes/{eid}``, ``DELETE
+  /memory/episodes?all=true``: the tenant's episodic memory (:mod:`fsm_agent.server.memory`).
 * ``POST /auth/login`` / ``/auth/logout``, ``GET /healthz``, ``GET /openapi.json``.
 
 Who drives runs is a :class:`~fsm_agent.server.runs.Runner`: by default a
@@ -57,6 +59,7 @@ from .auth import (AUTH_COOKIE, CSRF_COOKIE, DEFAULT_TENANT, PUBLIC, Forbidden, 
 from .http import Problem, check_fields, json_body, json_response, opt_bool, opt_str, problems
 from .notify import LiveDeltas, Notifier, NotifyingStore
 from .openapi import openapi_document
+from .memory import add_memory_routes
 from .review import add_review_routes
 from .runs import RESUME_LIMITS, LocalRunner, RunRequest, Runner
 from .tail import LogTail
@@ -200,7 +203,7 @@ class _Server:
             raise Problem(403, "Forbidden", f"CORS is not allowed for origin {origin or '(none)'}")
         return web.Response(status=204, headers={
             "Access-Control-Allow-Origin": origin, "Vary": "Origin",
-            "Access-Control-Allow-Methods": "GET, POST, OPTIONS",
+            "Access-Control-Allow-Methods": "GET, POST, DELETE, OPTIONS",
             "Access-Control-Allow-Headers": "Authorization, Content-Type, Last-Event-ID, Idempotency-Key",
             "Access-Control-Max-Age": "600"})
 
@@ -611,6 +614,7 @@ def create_app(
     r.add_post("/sessions/{sid}/approvals/{call_id}", srv.decide)
     r.add_get("/sessions/{sid}/diagram", srv.diagram)
     add_review_routes(app)
+    add_memory_routes(app, tenant_key=TENANT, agent_key=AGENT_KEY)
     app.on_response_prepare.append(srv.on_prepare)
     app.on_startup.append(on_startup)
     app.on_shutdown.append(tail.on_shutdown)

@@ -15,6 +15,7 @@ __all__ = ["openapi_document"]
 _PROBLEM = {"$ref": "#/components/responses/Problem"}
 _SID = {"name": "sid", "in": "path", "required": True, "schema": {"type": "string", "maxLength": 200}}
 _CALL = {"name": "call_id", "in": "path", "required": True, "schema": {"type": "string", "maxLength": 200}}
+_EID = {"name": "eid", "in": "path", "required": True, "schema": {"type": "string", "maxLength": 200}}
 
 
 def _json(ref: str) -> dict[str, Any]:
@@ -53,7 +54,8 @@ def openapi_document() -> dict[str, Any]:
     return {
         "openapi": "3.1.0",
         "info": {"title": "fsm_agent server", "version": __version__,
-                 "description": "Sessions, runs, the SSE event stream, control, approvals and the review page. "
+                 "description": "Sessions, runs, the SSE event stream, control, approvals, the review page and "
+                                "the tenant's episodic memory. "
                                 "Errors are RFC 9457 problem documents."},
         "components": {
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"},
@@ -89,6 +91,23 @@ def openapi_document() -> dict[str, Any]:
                 "Outcome": {"type": "object", "properties": {
                     "session_id": {"type": "string"}, "status": {"type": "string"}, "replayed": {"type": "boolean"}}},
                 "Login": {"type": "object", "required": ["token"], "properties": {"token": {"type": "string"}}},
+                "Episode": {"type": "object", "description": "What one session came to (docs/memory.md)",
+                            "properties": {
+                                "episode_id": {"type": "string"}, "tenant": {"type": "string"},
+                                "session_id": {"type": "string"}, "goal": {"type": "string"},
+                                "outcome": {"type": "string", "description": "a stop reason"},
+                                "detail": {"type": "string"}, "answer": {"type": "string"},
+                                "steps": {"type": "array", "items": {"type": "object", "properties": {
+                                    "tool": {"type": "string"}, "arguments": {"type": "string"},
+                                    "result": {"type": "string"}, "ok": {"type": "boolean"}}}},
+                                "failures": {"type": "array", "items": {"type": "string"}},
+                                "turns": {"type": "integer"}, "tool_calls": {"type": "integer"},
+                                "cost_usd": {"type": ["number", "null"]}, "created_at": {"type": "number"},
+                                "updated_at": {"type": "number"},
+                                "score": {"type": "number", "description": "with ?q= only: higher matches better"}}},
+                "EpisodeList": {"type": "object", "properties": {
+                    "episodes": {"type": "array", "items": {"$ref": "#/components/schemas/Episode"}}}},
+                "Deleted": {"type": "object", "properties": {"deleted": {"type": "integer"}}},
             },
         },
         "security": [{"bearer": []}, {"cookie": []}],
@@ -132,6 +151,20 @@ def openapi_document() -> dict[str, Any]:
                 params=(_SID, {"name": "format", "in": "query", "schema": {"enum": ["mermaid", "json"]}},
                         {"name": "view", "in": "query", "schema": {"enum": ["machine", "plan"]}}),
                 ok=("200", "Mermaid source", "text"))},
+            "/memory/episodes": {
+                "get": _op("The tenant's episodes, last saved first; with q, the best matches of q, best first",
+                           params=({"name": "q", "in": "query", "schema": {"type": "string", "maxLength": 4000}},
+                                   {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1,
+                                                                                "maximum": 1000}}),
+                           ok=("200", "OK", "EpisodeList"), errors=("400", "401", "404", "503")),
+                "delete": _op("Delete every episode of the tenant (all=true)",
+                              params=({"name": "all", "in": "query", "required": True, "schema": {"enum": ["true"]}},),
+                              ok=("200", "How many were deleted", "Deleted"), errors=("400", "401", "403", "404", "503"))},
+            "/memory/episodes/{eid}": {
+                "get": _op("One episode of the tenant", params=(_EID,), ok=("200", "OK", "Episode"),
+                           errors=("400", "401", "404", "503")),
+                "delete": _op("Delete one episode of the tenant", params=(_EID,), ok=("204", "Deleted", None),
+                              errors=("400", "401", "403", "404", "503"))},
             "/review/{sid}": {"get": _op("The review page", params=(_SID,), ok=("200", "HTML", None), errors=(),
                                          extra={"security": []})},
             "/static/{name}": {"get": _op("The page's script and the vendored Mermaid",

@@ -41,5 +41,5 @@ def test_every_route_is_in_the_document_and_in_docs_server_md() -> None:
     routes = app_routes()
     assert routes and routes == documented
     text = DOC.read_text(encoding="utf-8")
-    in_md = set(re.findall(r"^\| `(GET|POST) (/[^`]*)`", text, re.M))
+    in_md = set(re.findall(r"^\| `(GET|POST|DELETE) (/[^`]*)`", text, re.M))
     assert {(m.lower(), p) for m, p in in_md} == routes
