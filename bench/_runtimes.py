@@ -19,7 +19,9 @@ after              ``post_turn``                ``aafter_model``               `
 
 Runtime names: ``floor``, ``openai-sdk``, ``fsm:N`` (N pass-through middleware, in-memory store),
 ``fsm:default`` (the CLI's default middleware, MessageRepair + LoopDetection, and the SQLite
-store), ``langchain:N``, ``pydantic-ai:N``. :func:`make` raises :class:`Unavailable` (with the
+store), ``fsm:otel`` (``fsm:0`` with OpenTelemetry tracing and metrics on: a batch span processor
+and an OTLP/HTTP exporter to a loopback sink in its own process, bench/otlp_sink.py; each round's
+spans and metrics are flushed inside the round, so their export is counted), ``langchain:N``, ``pydantic-ai:N``. :func:`make` raises :class:`Unavailable` (with the
 import error) when a peer is not installed.
 """
 
@@ -70,6 +72,9 @@ class Runtime:
 
     async def close(self) -> None:
         pass
+
+    async def settle(self) -> None:
+        """Finish the work a round's tasks left behind (inside the measured window); most have none."""
 
 
 # ---------------------------------------------------------------------------------------- floor
@@ -225,7 +230,7 @@ class _DeltaCounter:
 class Fsm(Runtime):
     """fsm_agent's Agent over the openai-compatible profile (its aiohttp client)."""
 
-    def __init__(self, base_url: str, stream: bool, k: int | None) -> None:
+    def __init__(self, base_url: str, stream: bool, k: int | None, otel: bool = False) -> None:
         from fsm_agent import Agent, RunConfig, create_provider, tool
         from fsm_agent.providers import ProviderConfig
 
@@ -248,9 +253,15 @@ class Fsm(Runtime):
             store = None
             middleware = _fsm_passthrough(k)
         self.store = store
+        self.otel: Any = None
+        instrument: Any = None
+        if otel:
+            self.name = "fsm:otel"
+            self.otel = _OtelExport()
+            instrument = self.otel.settings
         self.agent = Agent(self.provider, tools=[tool(get_weather)], system_prompt=SYSTEM, middleware=middleware,
                            observers=[self.counter] if stream else [], store=store,
-                           config=RunConfig(stream=stream, max_iterations=10))
+                           config=RunConfig(stream=stream, max_iterations=10), instrument=instrument)
 
     async def run_task(self) -> tuple[str, int]:
         before = self.counter.n
@@ -259,12 +270,62 @@ class Fsm(Runtime):
             raise RuntimeError(f"fsm_agent stopped {result.stop.reason.value}: {result.stop.detail}")
         return result.output, self.counter.n - before
 
+    async def settle(self) -> None:
+        if self.otel is not None:
+            await asyncio.to_thread(self.otel.flush)
+
     async def close(self) -> None:
         await self.provider.aclose()
         if self.store is not None:
             await self.store.close()
         if self.tmp is not None:
             self.tmp.cleanup()
+        if self.otel is not None:
+            await asyncio.to_thread(self.otel.close)
+
+
+class _OtelExport:
+    """Tracing and metrics to an OTLP/HTTP sink in its own process, as a deployment exports them: a
+    batch span processor and a periodic metric reader (its own interval, 60 s, never reached: each
+    round flushes both, inside the round)."""
+
+    def __init__(self) -> None:
+        import subprocess
+        import sys
+
+        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        from opentelemetry.sdk.metrics import MeterProvider
+        from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+        from fsm_agent.otel import OtelSettings
+
+        here = os.path.dirname(os.path.abspath(__file__))
+        self.sink = subprocess.Popen([sys.executable, os.path.join(here, "otlp_sink.py")], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True)
+        assert self.sink.stdout is not None
+        line = self.sink.stdout.readline()
+        if not line.startswith("PORT "):
+            raise RuntimeError(f"OTLP sink did not start: {line!r}")
+        self.endpoint = f"http://127.0.0.1:{int(line.split()[1])}"
+        self.tracer_provider = TracerProvider()
+        self.tracer_provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=self.endpoint + "/v1/traces")))
+        self.meter_provider = MeterProvider(metric_readers=[PeriodicExportingMetricReader(
+            OTLPMetricExporter(endpoint=self.endpoint + "/v1/metrics"))])
+        self.settings = OtelSettings(tracer_provider=self.tracer_provider, meter_provider=self.meter_provider)
+
+    def flush(self) -> None:
+        self.tracer_provider.force_flush()
+        self.meter_provider.force_flush()
+
+    def close(self) -> None:
+        self.tracer_provider.shutdown()
+        self.meter_provider.shutdown()
+        if self.sink.stdin:
+            self.sink.stdin.close()
+        self.sink.wait(timeout=10)
 
 
 # ----------------------------------------------------------------------------------- LangChain
@@ -373,6 +434,11 @@ def make(name: str, base_url: str, stream: bool) -> Runtime:
     if kind == "openai-sdk":
         return OpenAISDK(base_url, stream)
     if kind == "fsm":
+        if arg == "otel":
+            try:
+                return Fsm(base_url, stream, 0, otel=True)
+            except ImportError as exc:
+                raise Unavailable(f"the otel extra is not installed: {exc}") from exc
         return Fsm(base_url, stream, None if arg == "default" else int(arg))
     if kind == "langchain":
         return LangChain(base_url, stream, int(arg or 0))

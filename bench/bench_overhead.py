@@ -53,7 +53,7 @@ sys.path.insert(0, str(HERE))
 
 from _common import machine, median, rotate, say, spread, table, versions, write_results  # noqa: E402
 
-ALL_RUNTIMES = ("floor", "openai-sdk", "fsm:0", "fsm:5", "fsm:20", "fsm:default", "langchain:0", "langchain:5",
+ALL_RUNTIMES = ("floor", "openai-sdk", "fsm:0", "fsm:otel", "fsm:5", "fsm:20", "fsm:default", "langchain:0", "langchain:5",
                 "langchain:20", "pydantic-ai:0", "pydantic-ai:5", "pydantic-ai:20")
 CONC_RUNTIMES = ("floor", "openai-sdk", "fsm:0", "fsm:default", "langchain:0", "pydantic-ai:0")
 QUICK_CONC_RUNTIMES = ("floor", "fsm:default", "langchain:0", "pydantic-ai:0")
@@ -138,6 +138,7 @@ async def _worker_main(family: str, base_url: str) -> None:
                 text, d = await rt.run_task()
                 deltas += d
                 texts_ok = texts_ok and text.startswith("Paris is sunny")
+            await rt.settle()  # fsm:otel: the round's spans and metrics exported, inside the window
             wall, cpu = time.perf_counter() - t0, time.process_time() - c0
             reply = {"wall": wall, "cpu": cpu, "hooks": _runtimes.HOOK_CALLS[0] - h0, "deltas": deltas,
                      "text_ok": texts_ok}
@@ -363,6 +364,22 @@ def report(data: dict[str, Any], names: list[str], calls_per_task: int) -> list[
                       "wall ms/task", "calls/hooks per task", "check"], rows,
                      title=f"Overhead per model call ((wall − server time) / calls; medians of {data['config']['rounds']} "
                            f"alternating rounds × {data['config']['tasks']} tasks)"))
+    # ---- tracing on against off (issue 22: at most +10 % CPU per call)
+    rows = []
+    for key in ("plain", "stream"):
+        on, off = lat.get("fsm:otel", {}).get(key) or [], lat.get("fsm:0", {}).get(key) or []
+        off_by_round = {x["round"]: x["cpu_per_call"] for x in off}
+        ratios = [x["cpu_per_call"] / off_by_round[x["round"]] for x in on if x["round"] in off_by_round]
+        if ratios:
+            r = median(ratios)
+            summary.setdefault("fsm:otel", {})[f"cpu_vs_fsm0_{key}"] = r
+            rows.append([key, median([x["cpu_per_call"] for x in off]) * 1e3, median([x["cpu_per_call"] for x in on]) * 1e3,
+                         f"{(r - 1) * 100:+.1f} %", f"±{spread(ratios) * 100:.0f}%", "met" if r <= 1.10 else "MISSED"])
+    if rows:
+        out.append(table(["mode", "fsm:0 CPU ms/call", "fsm:otel CPU ms/call", "tracing on vs off (median of rounds)",
+                          "±IQR/2", "≤ +10 %"], rows,
+                         title="Tracing on against off: client CPU per model call, same process, same rounds "
+                               "(fsm:otel = fsm:0 + batch OTLP/HTTP export to a loopback sink process)"))
     # ---- streaming CPU per SSE event
     rows = []
     for n in names:

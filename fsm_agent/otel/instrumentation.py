@@ -353,11 +353,12 @@ class Segment:
             if port is not None:
                 m[S.SERVER_PORT] = port
         view = self.view
-        attrs: dict[str, Any] = {**m, G.GEN_AI_CONVERSATION_ID: self.session_id,
-                                 N.TURN: self.turn if view is None else view.turn}
+        attrs: dict[str, Any] = {**m, N.TURN: self.turn if view is None else view.turn}
         phase = self.state if view is None else view.state_name
-        if phase:
+        if phase != "Model":  # a plugin's side call (a summarizer, a planner, a grader)
             attrs[N.PHASE] = phase
+        if view is None:  # a detached segment (an activity): no invoke_agent parent names the conversation
+            attrs[G.GEN_AI_CONVERSATION_ID] = self.session_id
         if request.max_tokens is not None:
             attrs[G.GEN_AI_REQUEST_MAX_TOKENS] = request.max_tokens
         if request.temperature is not None:
@@ -457,7 +458,7 @@ class Segment:
     def tool_start(self, call: ToolUseBlock, tools: Any, turn: int, decision: Decision | None) -> Span:
         tool = tools.get(call.name)
         attrs: dict[str, Any] = {G.GEN_AI_OPERATION_NAME: _TOOL, G.GEN_AI_TOOL_NAME: call.name,
-                                 G.GEN_AI_TOOL_CALL_ID: call.id, G.GEN_AI_TOOL_TYPE: "function", N.TURN: turn,
+                                 G.GEN_AI_TOOL_CALL_ID: call.id, N.TURN: turn,
                                  N.TOOL_EFFECT: tool.effect.value if tool is not None else "unknown"}
         if decision is not None:
             attrs[N.TOOL_DECISION] = decision.kind
@@ -493,7 +494,7 @@ class Segment:
         span = self.inst.tracer.start_span(
             f"{_TOOL} {call.name}", self.context, SpanKind.INTERNAL,
             {G.GEN_AI_OPERATION_NAME: _TOOL, G.GEN_AI_TOOL_NAME: call.name, G.GEN_AI_TOOL_CALL_ID: call.id,
-             G.GEN_AI_TOOL_TYPE: "function", N.TURN: self.turn})
+             N.TURN: self.turn})
         self.tool_end(span, call, outcome, result)
 
 
@@ -525,17 +526,14 @@ class InstrumentedPort:
         seg = self._seg
         span, m = seg.chat_start(provider, request, stream)
         started = time.perf_counter()
-        token = attach(set_span_in_context(span, seg.context))
         if on_retry is not None:
             on_retry = seg.retry_hook(span, on_retry)
         try:
             response = await self._inner.call_model(provider, request, stream=stream, on_event=on_event,
                                                     on_retry=on_retry, trace=trace, deadline_s=deadline_s)
         except BaseException as exc:
-            detach(token)
             seg.chat_failed(span, m, started, request, exc)
             raise
-        detach(token)
         seg.chat_done(span, m, started, request, response)
         return response
 
@@ -585,7 +583,7 @@ class SegmentObserver:
         seg = self.seg
         seg.turn, seg.state = ev.turn, ev.to_state
         attrs: dict[str, Any] = {"fsm_agent.transition.from": ev.from_state, "fsm_agent.transition.trigger": ev.trigger,
-                                 "fsm_agent.transition.to": ev.to_state, N.TURN: ev.turn}
+                                 "fsm_agent.transition.to": ev.to_state}
         if seg.inst.content:
             attrs["fsm_agent.transition.reason"] = seg.mask(ev.reason)
         seg.span.add_event(N.EV_TRANSITION, attrs)

@@ -27,10 +27,10 @@ SEGMENT = "fsm_agent.segment"
 COST_USD = "fsm_agent.cost_usd"
 """invoke_agent: the session's cost so far in USD (absent when unknown)."""
 TURN = "fsm_agent.turn"
-"""chat, execute_tool, events: the turn number (1-based; 0 before the first model call)."""
+"""chat, execute_tool, decision events: the turn number (1-based; 0 before the first model call)."""
 PHASE = "fsm_agent.phase"
-"""chat: the machine state the call was made in (``Model`` for the turn's call; ``PreTurn``,
-``PostTurn`` ... for a plugin's side call: a summarizer, a planner, a grader)."""
+"""chat: the machine state a plugin's side call was made in (``PreTurn``, ``PostTurn`` ...: a
+summarizer, a planner, a grader); absent on the Model phase's own call."""
 TOOL_EFFECT = "fsm_agent.tool.effect"
 """execute_tool: the tool's effect kind: ``pure``, ``idempotent``, ``side_effect`` (``unknown``: no such tool)."""
 TOOL_OUTCOME = "fsm_agent.tool.outcome"
@@ -49,7 +49,7 @@ resume (``suspended``)."""
 # -- span events (on the invoke_agent span) -------------------------------------------------------
 EV_TRANSITION = "fsm_agent.transition"
 """The machine moved: ``fsm_agent.transition.from``, ``.trigger``, ``.to`` (and ``.reason`` with
-content capture on), :data:`TURN`."""
+content capture on)."""
 EV_DECISION = "fsm_agent.decision"
 """A middleware decided: ``fsm_agent.middleware`` (its name), ``fsm_agent.decision`` (``deny``,
 ``ask``, ``edit``, ``respond``, ``complete``, ``continue``, ``stop``), ``fsm_agent.decision.hook``,
