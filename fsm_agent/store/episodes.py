@@ -33,6 +33,7 @@ reading and deleting without one (``tenant=None``) reach every tenant: that is t
 from __future__ import annotations
 
 import abc
+import functools
 import inspect
 import math
 import re
@@ -179,12 +180,18 @@ def _check_limit(limit: Any, most: int = 1000) -> int:
 
 # -- terms --------------------------------------------------------------------------------------
 _CJK = "\u2e80-\u2fff\u3040-\u30ff\u3100-\u31ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff"
-_TOKENS = re.compile(f"([{_CJK}]+)|((?:(?![{_CJK}])[^\\W_])+)")
+_TOKENS_RE = f"([{_CJK}]+)|((?:(?![{_CJK}])[^\\W_])+)"
 _STOPWORDS = frozenset(
     "a an and are as at be but by for from has have he her his i if in into is it its me my no not of on or our "
     "she so that the their them then there these they this to was we were what when where which who whom why "
     "will with you your do does did can could would should shall may might must been being am how".split())
 _MAX_TERM = 64
+
+
+@functools.lru_cache(maxsize=1)
+def _tokens() -> re.Pattern[str]:
+    """The term pattern, compiled at first use (a few milliseconds that ``import fsm_agent`` need not pay)."""
+    return re.compile(_TOKENS_RE)
 
 
 @frozen
@@ -209,7 +216,7 @@ def search_terms(text: str, *, query: bool = False, most: int = 64) -> SearchTer
     English words left out, at most ``most`` of them, in the order they came."""
     words: list[str] = []
     grams: list[str] = []
-    for cjk, word in _TOKENS.findall(text.lower()):
+    for cjk, word in _tokens().findall(text.lower()):
         if cjk:
             grams.extend(cjk if len(cjk) == 1 else (cjk[i:i + 2] for i in range(len(cjk) - 1)))
         elif len(word) <= _MAX_TERM and not (query and word in _STOPWORDS):

@@ -8,7 +8,6 @@ from pathlib import Path
 
 from ..errors import ConfigurationError
 from .episodes import Embed, EpisodeStore
-from .episodes_postgres import PostgresEpisodeStore
 from .episodes_sqlite import SQLiteEpisodeStore
 
 __all__ = ["default_location", "open_episode_store"]
@@ -34,6 +33,8 @@ def open_episode_store(location: str | Path | None = None, *, embed: Embed | Non
     """
     loc = str(location) if location is not None else default_location()
     if loc.startswith(("postgres://", "postgresql://")):
+        from .episodes_postgres import PostgresEpisodeStore  # imported when asked for, as PostgresStore is
+
         return PostgresEpisodeStore(loc, embed=embed)
     if not create and loc != ":memory:" and not loc.startswith("file:") and not Path(loc).is_file():
         raise ConfigurationError(f"no store at {loc}: check --store or $FSM_AGENT_STORE")
