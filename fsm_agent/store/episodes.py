@@ -258,7 +258,7 @@ class EpisodeStore(abc.ABC):
         if inspect.isawaitable(out):
             out = await out
         try:
-            vec = [float(x) for x in out]  # type: ignore[union-attr]
+            vec = [float(x) for x in out]
         except (TypeError, ValueError):
             raise ConfigurationError(f"embed returned {type(out).__name__}, not a sequence of floats") from None
         if not vec or not all(math.isfinite(x) for x in vec):
