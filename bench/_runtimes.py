@@ -21,7 +21,8 @@ Runtime names: ``floor``, ``openai-sdk``, ``fsm:N`` (N pass-through middleware, 
 ``fsm:default`` (the CLI's default middleware, MessageRepair + LoopDetection, and the SQLite
 store), ``fsm:otel`` (``fsm:0`` with OpenTelemetry tracing and metrics on: a batch span processor
 and an OTLP/HTTP exporter to a loopback sink in its own process, bench/otlp_sink.py; each round's
-spans and metrics are flushed inside the round, so their export is counted), ``langchain:N``, ``pydantic-ai:N``. :func:`make` raises :class:`Unavailable` (with the
+spans are flushed inside the round, so their export is counted; metrics are exported on their own
+60 s interval, a cost per interval, not per call), ``langchain:N``, ``pydantic-ai:N``. :func:`make` raises :class:`Unavailable` (with the
 import error) when a peer is not installed.
 """
 
@@ -286,8 +287,8 @@ class Fsm(Runtime):
 
 class _OtelExport:
     """Tracing and metrics to an OTLP/HTTP sink in its own process, as a deployment exports them: a
-    batch span processor and a periodic metric reader (its own interval, 60 s, never reached: each
-    round flushes both, inside the round)."""
+    batch span processor (each round flushes it, inside the round) and a periodic metric reader (its
+    own 60 s interval)."""
 
     def __init__(self) -> None:
         import subprocess
@@ -317,8 +318,9 @@ class _OtelExport:
         self.settings = OtelSettings(tracer_provider=self.tracer_provider, meter_provider=self.meter_provider)
 
     def flush(self) -> None:
+        """The round's spans, exported now (their cost grows with the calls). Metrics keep their own
+        interval: an export sends each stream's aggregate once, whatever the number of calls."""
         self.tracer_provider.force_flush()
-        self.meter_provider.force_flush()
 
     def close(self) -> None:
         self.tracer_provider.shutdown()
