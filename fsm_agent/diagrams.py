@@ -2,7 +2,9 @@
 
 * :func:`render_machine` — the machine itself (``diagrams/agent_loop.mmd``);
 * ``chains=`` — each phase's middleware chain of a configured agent, as notes;
-* ``trace=`` — the path one run took (from its transition events), highlighted;
+* ``trace=`` — the path one run took (from its transition events): a flowchart of the same table
+  whose taken edges are drawn heavier and coloured, labelled with their steps in order (the review
+  page draws the same);
 * :func:`render_plan` — a run's PlanAct plan as a Mermaid flowchart (nodes by status, dependency
   edges); :func:`latest_plan` reads it from a session's events (the last ``plan_updated``, which
   holds what the latest checkpoint carries). The CLI (``sessions show``, ``diagram --plan``) and the
@@ -19,7 +21,6 @@ installed copy has no repository; there, pass a path.
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -29,8 +30,8 @@ from .types.codec import structure
 from .types.plan import NodeStatus, Plan, one_line
 from .types.run import StopReason
 
-__all__ = ["DEFAULT_PATH", "chains_of", "check_diagram", "default_diagram_path", "latest_plan", "render_machine",
-           "render_plan", "repository_root", "trace_of", "write_diagram"]
+__all__ = ["DEFAULT_PATH", "OTHER_EDGE_STYLE", "PATH_STYLE", "chains_of", "check_diagram", "default_diagram_path",
+           "latest_plan", "render_machine", "render_plan", "repository_root", "stop_class", "trace_of", "write_diagram"]
 
 DEFAULT_PATH = Path("diagrams") / "agent_loop.mmd"
 """Where the machine's diagram lives, relative to the repository root (:func:`repository_root`)."""
@@ -74,6 +75,42 @@ _PHASE_HOOKS = {
 }
 
 
+_CLASS_STYLES = {
+    "done": "fill:#dcfce7,stroke:#15803d",
+    "resumable": "fill:#fef3c7,stroke:#b45309,stroke-dasharray:5 3",
+    "terminal": "fill:#fde2e2,stroke:#b91c1c",
+}
+"""How each kind of stop is drawn: ``done`` (COMPLETED), ``resumable`` (a stop a resume continues:
+WAITING_HUMAN, PAUSED_BUDGET, INTERRUPTED, FAILED_RETRYABLE; amber, a dashed border) and ``terminal``
+(ended for good without completing: FAILED_TERMINAL, CANCELLED; red)."""
+
+PATH_STYLE = "stroke:#1d4ed8,stroke-width:4px,color:#1d4ed8"
+"""The style of an edge a run took (a ``linkStyle``): heavier and coloured."""
+
+OTHER_EDGE_STYLE = "stroke:#9ca3af,stroke-width:1px,color:#6b7280"
+"""The style of the edges a run did not take, so that the path stands out."""
+
+
+def stop_class(reason: StopReason) -> str:
+    """``"done"``, ``"resumable"`` or ``"terminal"``: how a stop is drawn (:data:`_CLASS_STYLES`)."""
+    if reason is StopReason.COMPLETED:
+        return "done"
+    return "resumable" if reason.resumable else "terminal"
+
+
+def _stop_classes() -> list[str]:
+    lines = []
+    for cls, style in _CLASS_STYLES.items():
+        members = [s.value for s in StopReason if stop_class(s) == cls]
+        lines.append(f"    classDef {cls} {style}")
+        lines.append(f"    class {','.join(members)} {cls}")
+    return lines
+
+
+def _known(state: str | None) -> bool:
+    return state is not None and state in {p.value for p in Phase} | {r.value for r in StopReason}
+
+
 def render_machine(
     *,
     chains: Mapping[str, Sequence[str]] | None = None,
@@ -81,57 +118,103 @@ def render_machine(
     title: str | None = None,
     active: str | None = None,
 ) -> str:
-    """The Mermaid ``stateDiagram-v2`` source.
+    """The Mermaid source of the machine: a ``stateDiagram-v2``, or with ``trace`` a ``flowchart``
+    that draws the run's path (a state diagram cannot style its edges: Mermaid has no
+    ``linkStyle`` for it).
+
+    Stops are drawn by kind: ``done`` (COMPLETED), ``resumable`` (dashed amber: a resume continues
+    them) and ``terminal`` (red: ended for good without completing).
 
     Args:
         chains: hook name -> middleware names in execution order (``MiddlewareChain.describe()``).
-        trace: ``(from, trigger, to)`` moves of one run, in order; taken edges are labelled with
-            their order and visited states highlighted.
-        title: a comment line at the top.
+        trace: ``(from, trigger, to)`` moves of one run, in order (possibly none yet). Each edge
+            taken is drawn heavier and coloured (:data:`PATH_STYLE`), labelled with the steps it
+            was taken at (``call_model #2, #5``), the others grey; visited states are outlined; a
+            resume edge is dotted.
+        title: the diagram's title.
         active: the current state (a Phase or StopReason value), highlighted with the class
             ``s_active`` (the class ``transitions``' own Mermaid output uses).
     """
-    lines = ["---", f"title: {title or 'fsm_agent loop'}", "---", "stateDiagram-v2", "    direction TB"]
-    taken: dict[tuple[str, str, str], list[int]] = {}
-    visited: Counter[str] = Counter()
     if trace is not None:
-        for i, (a, t, b) in enumerate(trace, 1):
-            taken.setdefault((a, t, b), []).append(i)
-            visited[a] += 1
-            visited[b] += 1
+        return _render_path(list(trace), chains=chains, title=title, active=active)
+    lines = ["---", f"title: {title or 'fsm_agent loop'}", "---", "stateDiagram-v2", "    direction TB"]
     lines.append(f"    [*] --> {Phase.IDLE.value}")
     for tr in TRANSITIONS:
-        a, b, t = tr.source.value, tr.dest.value, tr.trigger.value
-        label = t
-        steps = taken.get((a, t, b))
-        if steps:
-            label = f"{t} #{','.join(map(str, steps))}"
-        lines.append(f"    {a} --> {b}: {label}")
+        lines.append(f"    {tr.source.value} --> {tr.dest.value}: {tr.trigger.value}")
     for s in StopReason:
         lines.append(f"    {s.value} --> [*]")
-    if chains:
-        for phase in PHASES:
-            entries = []
-            for hook in _PHASE_HOOKS[phase]:
-                names = list(chains.get(hook, ()))
-                if names:
-                    entries.append(f"{hook}: {' > '.join(names)}")
-            if entries:
-                lines.append(f"    note right of {phase.value}")
-                lines.extend(f"        {e}" for e in entries)
-                lines.append("    end note")
-    lines.append("    classDef terminal fill:#fde2e2,stroke:#b91c1c")
-    lines.append("    classDef done fill:#dcfce7,stroke:#15803d")
-    lines.append(f"    class {','.join(s.value for s in StopReason if s is not StopReason.COMPLETED)} terminal")
-    lines.append(f"    class {StopReason.COMPLETED.value} done")
+    lines += _chain_notes(chains)
+    lines += _stop_classes()
+    if _known(active):
+        lines.append("    classDef s_active fill:#fde68a,stroke:#b45309,stroke-width:4px")
+        lines.append(f"    class {active} s_active")
+    return "\n".join(lines) + "\n"
+
+
+def _chain_notes(chains: Mapping[str, Sequence[str]] | None) -> list[str]:
+    lines: list[str] = []
+    for phase, entries in _chain_entries(chains):
+        lines.append(f"    note right of {phase.value}")
+        lines.extend(f"        {e}" for e in entries)
+        lines.append("    end note")
+    return lines
+
+
+def _chain_entries(chains: Mapping[str, Sequence[str]] | None) -> list[tuple[Phase, list[str]]]:
+    out = []
+    for phase in PHASES if chains else ():
+        entries = []
+        for hook in _PHASE_HOOKS[phase]:
+            names = list((chains or {}).get(hook, ()))
+            if names:
+                entries.append(f"{hook}: {' > '.join(names)}")
+        if entries:
+            out.append((phase, entries))
+    return out
+
+
+def _render_path(trace: list[tuple[str, str, str]], *, chains: Mapping[str, Sequence[str]] | None,
+                 title: str | None, active: str | None) -> str:
+    """The ``flowchart`` of the machine with a run's path drawn (see :func:`render_machine`)."""
+    taken: dict[tuple[str, str, str], list[int]] = {}
+    visited: set[str] = set()
+    for i, (a, t, b) in enumerate(trace, 1):
+        taken.setdefault((a, t, b), []).append(i)
+        visited.update((a, b))
+    lines = ["---", f"title: {title or 'fsm_agent run'}", "---", "flowchart TB"]
+    lines.append("    start@{ shape: sm-circ, label: \"start\" }")
+    for p in Phase:
+        lines.append(f"    {p.value}({p.value})")
+    for r in StopReason:
+        lines.append(f"    {r.value}([{r.value}])")
+    path_edges: list[int] = []
+    other_edges: list[int] = []
+    lines.append(f"    start --> {Phase.IDLE.value}")
+    (path_edges if trace else other_edges).append(0)
+    for n, tr in enumerate(TRANSITIONS, 1):
+        a, b, t = tr.source.value, tr.dest.value, tr.trigger.value
+        steps = taken.get((a, t, b))
+        label = f"{t} {', '.join(f'#{i}' for i in steps)}" if steps else t
+        arrow = "-.->" if a in {r.value for r in StopReason} else "-->"
+        lines.append(f'    {a} {arrow}|"{label}"| {b}')
+        (path_edges if steps else other_edges).append(n)
+    for k, (phase, entries) in enumerate(_chain_entries(chains), 1):
+        text = "<br/>".join(_label(e, 200) for e in entries)
+        lines.append(f'    chain{k}["{text}"] -.- {phase.value}')
+    for cls, style in _CLASS_STYLES.items():
+        lines.append(f"    classDef {cls} {style}")
+        lines.append(f"    class {','.join(s.value for s in StopReason if stop_class(s) == cls)} {cls}")
     if visited:
-        lines.append("    classDef visited stroke-width:4px,stroke:#1d4ed8")
+        lines.append("    classDef visited stroke-width:3px,stroke:#1d4ed8")
         lines.append(f"    class {','.join(sorted(visited))} visited")
-    if active is not None:
-        known = {p.value for p in Phase} | {r.value for r in StopReason}
-        if active in known:
-            lines.append("    classDef s_active fill:#fde68a,stroke:#b45309,stroke-width:4px")
-            lines.append(f"    class {active} s_active")
+    if _known(active):
+        lines.append("    classDef s_active fill:#fde68a,stroke:#b45309,stroke-width:4px")
+        lines.append(f"    class {active} s_active")
+    # each edge gets one style by its index (a `linkStyle default` would be applied after them)
+    if other_edges:
+        lines.append(f"    linkStyle {','.join(map(str, other_edges))} {OTHER_EDGE_STYLE}")
+    if path_edges:
+        lines.append(f"    linkStyle {','.join(map(str, path_edges))} {PATH_STYLE}")
     return "\n".join(lines) + "\n"
 
 

@@ -62,9 +62,9 @@ async def test_diagram_of_a_run_marks_the_path(tmp_path: Path) -> None:
                      ("PreTurn", "call_model", "Model"), ("Model", "model_done", "PostTurn"),
                      ("PostTurn", "complete", "COMPLETED")]
     text = render_machine(trace=moves)
-    assert "PreTurn --> Model: call_model #2,6" in text
-    assert "PostTurn --> COMPLETED: complete #8" in text
-    assert "PreTurn --> PAUSED_BUDGET: pause_budget\n" in text  # not taken: unmarked
+    assert 'PreTurn -->|"call_model #2, #6"| Model' in text
+    assert 'PostTurn -->|"complete #8"| COMPLETED' in text
+    assert 'PreTurn -->|"pause_budget"| PAUSED_BUDGET\n' in text  # not taken: unmarked
     assert "class COMPLETED,Idle,MidTurn,Model,PostTurn,PreTurn visited" in text
     out = io.StringIO()
     assert main(["diagram", "--trace", str(path)], out=out, err=io.StringIO()) == 0

@@ -49,7 +49,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("assembly: plugin discovery, the Agent",
      ("fsm_agent.plugins", "fsm_agent.agent")),
     ("around the agent: test helpers, the local model server, diagrams, multi-agent patterns",
-     ("fsm_agent.testing.*", "fsm_agent.local", "fsm_agent.diagrams", "fsm_agent.orchestration.*",
+     ("fsm_agent.testing.*", "fsm_agent.local", "fsm_agent.diagrams", "fsm_agent.diagram_files", "fsm_agent.orchestration.*",
       "fsm_agent.temporal.*")),
     ("entry points: the command line and the package's public face",
      ("fsm_agent.cli.*", "fsm_agent.server.*", "fsm_agent")),

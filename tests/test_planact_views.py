@@ -213,7 +213,7 @@ async def test_the_diagram_route_serves_the_plan(tmp_path: Path) -> None:
         r = await client.get("/sessions/p1/diagram", params={"view": "plan"})
         assert r.status == 200 and await r.text() == render_plan(plan)
         machine = await (await client.get("/sessions/p1/diagram")).text()
-        assert "stateDiagram-v2" in machine and "class PAUSED_BUDGET s_active" in machine
+        assert "flowchart TB" in machine and "class PAUSED_BUDGET s_active" in machine
         j = await (await client.get("/sessions/p1/diagram", params={"format": "json"})).json()
         assert j["mermaid"] == machine and j["plan_mermaid"] == render_plan(plan)
         assert j["plan"]["version"] == 2 and j["plan"]["history"][0]["trigger"] == "failed"

@@ -19,7 +19,7 @@ from typing import Any, TextIO
 from ..errors import ConfigurationError
 from ..plugins import DEFAULT_MIDDLEWARE
 
-__all__ = ["AgentFactory", "checked_store", "default_settings", "env", "local_model", "open_store", "settings_of"]
+__all__ = ["AGENT_FLAGS", "AgentFactory", "checked_store", "default_settings", "env", "local_model", "open_store", "settings_of"]
 
 
 def env(*names: str) -> str | None:
@@ -81,6 +81,12 @@ def _store_problem(exc: Any) -> str:
 
 
 # -- the agent --------------------------------------------------------------------------------
+AGENT_FLAGS = ("provider", "base_url", "model", "api_key", "local_model", "tool", "tool_mode", "system", "middleware",
+               "no_default_middleware", "policy", "approve_tools")
+"""The ``args`` attributes of the flags that build the agent (``run``'s and ``serve``'s,
+:func:`fsm_agent.cli.parser.agent_flags`)."""
+
+
 def settings_of(args: argparse.Namespace) -> dict[str, Any]:
     """The agent settings of ``fsm-agent run``'s flags (and ``$FSM_AGENT_*``); stored with the session.
 

@@ -17,11 +17,13 @@ __all__ = ["decode_command", "diagram_command", "middleware_command"]
 
 def diagram_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     """``diagram``: write (or ``--check``, or print) the machine's Mermaid diagram, with an Agent's
-    chains or a run's path marked, or a session's plan (``--plan``). Returns 0, or 1 when
-    ``--check`` finds the file out of date.
+    chains or a run's path drawn, or a session's plan (``--plan``); as Mermaid, a self-contained HTML
+    page or an SVG (``--format``, or the ``--output`` suffix: ``.html``, ``.svg``). Returns 0, or 1
+    when ``--check`` finds the file out of date.
 
     Raises:
-        ConfigurationError: a trace with no transitions, a plan file that cannot be read or holds no plan.
+        ConfigurationError: a trace with no transitions, a plan file that cannot be read or holds no
+            plan, ``--check`` with a format other than Mermaid, an SVG with no Playwright or Chromium.
     """
     from ..diagrams import chains_of, check_diagram, default_diagram_path, render_machine, trace_of, write_diagram
 
@@ -29,6 +31,8 @@ def diagram_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         return _plan_diagram(args, out, err)
 
     if args.check:
+        if getattr(args, "format", None) not in (None, "mermaid"):
+            raise ConfigurationError("--check compares the committed Mermaid file; leave out --format")
         path = (args.output or default_diagram_path()).resolve()
         problem = check_diagram(path)
         if problem:
@@ -36,18 +40,32 @@ def diagram_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             return 1
         err.write(f"{path} is up to date\n")
         return 0
+    from ..diagram_files import format_of
+
+    fmt = format_of(args.output, getattr(args, "format", None))
     chains = chains_of(args.agent) if args.agent else None
     trace = trace_of(Path(args.trace)) if args.trace else None
     if trace is not None and not trace:
         raise ConfigurationError(f"--trace {args.trace} holds no transition events (an empty file?); produce it "
                                  "with `fsm-agent sessions show ID --events > FILE`")
-    if chains is None and trace is None and not args.stdout:
+    if chains is None and trace is None and not args.stdout and fmt == "mermaid":
         path = write_diagram(args.output)
         err.write(f"wrote {path}\n")
         return 0
-    text = render_machine(chains=chains, trace=trace, title=args.agent or (Path(args.trace).name if args.trace else None))
+    title = args.agent or (Path(args.trace).name if args.trace else None)
+    text = render_machine(chains=chains, trace=trace, title=title)
+    return _write(text, fmt, title or "fsm_agent loop", args, out, err)
+
+
+def _write(text: str, fmt: str, title: str, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    """Write the Mermaid ``text`` as ``fmt`` (``mermaid``, ``html``: self-contained, ``svg``) to
+    ``--output`` or stdout; returns 0."""
+    if fmt != "mermaid":
+        from ..diagram_files import render_html, render_svg
+
+        text = render_html(text, title) if fmt == "html" else render_svg(text, title)
     if args.output:
-        args.output.write_text(text)
+        args.output.write_text(text, encoding="utf-8")
         err.write(f"wrote {args.output.resolve()}\n")
     else:
         out.write(text)
@@ -77,13 +95,10 @@ def _plan_diagram(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if plan is None:
         raise ConfigurationError(f"{path} holds no plan_updated event: the session ran without the planact plugin "
                                  "(or this is not its `fsm-agent sessions show ID --events` output)")
-    text = render_plan(plan)
-    if args.output:
-        args.output.write_text(text)
-        err.write(f"wrote {args.output.resolve()}\n")
-    else:
-        out.write(text)
-    return 0
+    from ..diagram_files import format_of
+
+    return _write(render_plan(plan), format_of(args.output, getattr(args, "format", None)),
+                  f"plan v{plan.version}", args, out, err)
 
 
 def decode_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:

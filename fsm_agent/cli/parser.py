@@ -118,7 +118,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def agent_flags() -> argparse.ArgumentParser:
     """The parent parser of the flags that build the agent (the provider, the embedded model, tools,
-    plugins, a policy file, approvals): ``run`` and ``serve`` take the same ones."""
+    plugins, a policy file, approvals): ``run`` and ``serve`` take the same ones. Their ``args``
+    attributes are :data:`fsm_agent.cli.factory.AGENT_FLAGS`."""
     r = argparse.ArgumentParser(add_help=False)
     r.add_argument("--provider", help="local (the embedded model, the default), openai, openai-responses, anthropic, "
                    "deepseek, qwen, openai-compatible (needs --base-url), llamacpp (a llama-server at --base-url); "
@@ -147,11 +148,6 @@ def agent_flags() -> argparse.ArgumentParser:
                         "approval: the run stops WAITING_HUMAN (exit 3) until `fsm-agent resume ID --approve CALL_ID` "
                         "(serve: the review page's Approve, or POST /sessions/ID/approvals/CALL_ID)")
     return r
-
-
-AGENT_FLAGS = ("provider", "base_url", "model", "api_key", "local_model", "tool", "tool_mode", "system", "middleware",
-               "no_default_middleware", "policy", "approve_tools")
-"""The ``args`` attributes of :func:`agent_flags`."""
 
 
 def _add_run(sub: Any, parents: _Parents) -> None:
@@ -222,6 +218,10 @@ def _add_diagram(sub: Any, parents: _Parents) -> None:
                    help="file to write or check (default: diagrams/agent_loop.mmd of the fsm_agent checkout, "
                         "wherever you run this; an installed copy needs --output)")
     d.add_argument("--stdout", action="store_true", help="print instead of writing")
+    d.add_argument("--format", choices=["mermaid", "html", "svg"],
+                   help="mermaid (the source), html (a self-contained page with the bundled Mermaid: opens offline "
+                        "in any browser) or svg (rendered by a headless Chromium through Playwright); default: "
+                        "from --output's suffix (.html, .svg), else mermaid")
     d.add_argument("--agent", metavar="MODULE:ATTR", help="show the middleware chains of this Agent")
     d.add_argument("--trace", metavar="EVENTS.jsonl", help="mark the path of a run (`fsm-agent sessions show ID --events`)")
     d.add_argument("--plan", metavar="EVENTS.jsonl",

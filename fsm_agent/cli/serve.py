@@ -10,8 +10,7 @@ import argparse
 from typing import TextIO
 
 from ..errors import ConfigurationError
-from .factory import AgentFactory, checked_store, settings_of
-from .parser import AGENT_FLAGS
+from .factory import AGENT_FLAGS, AgentFactory, checked_store, settings_of
 
 __all__ = ["serve_command"]
 

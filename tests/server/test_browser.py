@@ -160,7 +160,7 @@ WATCH_STREAMING = """() => {
 
 
 def active_node(page: Any, state: str) -> Any:
-    return page.locator(f'#diagram svg g.active-node[id*="-state-{state}-"]')
+    return page.locator(f'#diagram svg g.active-node[id*="-flowchart-{state}-"]')
 
 
 async def expect_state(page: Any, state: str, timeout: float) -> None:
@@ -170,7 +170,7 @@ async def expect_state(page: Any, state: str, timeout: float) -> None:
     await expect(page.locator("#state")).to_have_text(state, timeout=timeout)
     await expect(active_node(page, state)).to_have_count(1, timeout=timeout)
     # the re-rendered diagram (fetched after the transition) has the server's highlight there too
-    await expect(page.locator(f'#diagram svg g.active-node.s_active[id*="-state-{state}-"]')).to_have_count(
+    await expect(page.locator(f'#diagram svg g.active-node.s_active[id*="-flowchart-{state}-"]')).to_have_count(
         1, timeout=timeout)
     await expect(page.locator("#diagram svg g.active-node")).to_have_count(1)
     await expect(page.locator("#diagram svg g.s_active")).to_have_count(1)
@@ -270,7 +270,7 @@ async def test_fallback_without_mermaid(tmp_path: Path) -> None:
         expect = _playwright().expect
         await expect(page.locator("#state")).to_have_text("WAITING_HUMAN", timeout=15_000)
         await expect(page.locator("#diagram-fallback")).to_be_visible(timeout=15_000)
-        await expect(page.locator("#diagram-source")).to_contain_text("stateDiagram-v2")
+        await expect(page.locator("#diagram-source")).to_contain_text("flowchart TB")
         await expect(page.locator("#diagram-source")).to_contain_text("class WAITING_HUMAN s_active")
         await expect(page.locator("#diagram-states li.current strong")).to_have_text("WAITING_HUMAN")
         assert await page.locator("#diagram-states li").count() > 10

@@ -157,7 +157,7 @@ async def test_diagram_has_the_current_state_and_path(tmp_path) -> None:
         await client.post("/sessions", json={"task": "mail", "session_id": "s"})
         await wait_state(client, "s", "WAITING_HUMAN")
         text = await (await client.get("/sessions/s/diagram")).text()
-        assert text.startswith("---") and "stateDiagram-v2" in text and "class WAITING_HUMAN s_active" in text
+        assert text.startswith("---") and "flowchart TB" in text and "class WAITING_HUMAN s_active" in text
         j = await (await client.get("/sessions/s/diagram", params={"format": "json"})).json()
         moves = [(e.payload["from"], e.payload["trigger"], e.payload["to"])
                  for e in await store.read_events("s", types=("transition",))]

@@ -298,6 +298,23 @@
     s.dataset.state = name;
     markActiveNode();
     renderFallbackStates();
+    updateControls();
+  }
+
+  // The controls the session can take in its state (the server refuses the others): none once it
+  // ended for good; no Interrupt while it is stopped (nothing runs), though Cancel, Steer and
+  // Follow up resume a resumable stop to apply.
+  const ENDED = new Set(['COMPLETED', 'FAILED_TERMINAL', 'CANCELLED']);
+  const RESUMABLE = new Set(['WAITING_HUMAN', 'PAUSED_BUDGET', 'INTERRUPTED', 'FAILED_RETRYABLE']);
+
+  function updateControls() {
+    const ended = ENDED.has(currentState);
+    const stopped = ended || RESUMABLE.has(currentState);
+    for (const id of ['btn-cancel', 'btn-steer', 'btn-followup', 'steer-text']) $(id).disabled = ended;
+    $('btn-interrupt').disabled = stopped;
+    $('control-note').textContent = ended
+      ? 'The session ended ' + currentState + ': it takes no more controls.'
+      : (stopped ? 'Stopped ' + currentState + ': nothing runs to interrupt; Cancel, Steer and Follow up resume it to apply.' : '');
   }
 
   function showUsage() {
@@ -451,16 +468,37 @@
     const on = $('diagram').classList.toggle('actual-size');
     $('btn-zoom').setAttribute('aria-pressed', String(on));
     $('btn-zoom').textContent = on ? 'Fit to width' : 'Actual size';
+    applyZoom();
   });
+
+  // Mermaid sizes its SVG with width="100%" and an inline max-width: it always fits the box. The
+  // natural size is the viewBox's; "Actual size" sets it (the box then scrolls), "Fit to width"
+  // gives the box's width back.
+  function applyZoom() {
+    const svg = $('diagram').querySelector('svg');
+    if (!svg) return;
+    const box = svg.viewBox && svg.viewBox.baseVal;
+    if ($('diagram').classList.contains('actual-size') && box && box.width > 0) {
+      svg.setAttribute('width', String(Math.ceil(box.width)));
+      svg.setAttribute('height', String(Math.ceil(box.height)));
+      svg.style.maxWidth = 'none';
+    } else {  // Mermaid's own: the box's width, never above the natural one
+      svg.setAttribute('width', '100%');
+      svg.removeAttribute('height');
+      svg.style.maxWidth = box && box.width > 0 ? Math.ceil(box.width) + 'px' : '100%';
+    }
+  }
 
   // ---- the diagram -----------------------------------------------------------------------------
   function statesOf(src) {
     const seen = new Set();
-    const re = /^\s*([A-Za-z_][\w]*)\s*-->\s*([A-Za-z_][\w]*)/;
+    // a state diagram's `A --> B: label`, a flowchart's `A -->|"label"| B` or `A -.->|"label"| B`
+    const re = /^\s*([A-Za-z_][\w]*)\s*(?:-->|-\.->)\s*(?:\|[^|]*\|\s*)?([A-Za-z_][\w]*)/;
     for (const line of src.split('\n')) {
       const mm = line.match(re);
       if (mm) { seen.add(mm[1]); seen.add(mm[2]); }
     }
+    seen.delete('start');  // the flowchart's start marker
     return [...seen];
   }
 
@@ -487,8 +525,11 @@
     if (svg) {
       for (const n of svg.querySelectorAll('.active-node')) n.classList.remove('active-node');
       if (currentState) {
-        const needle = '-state-' + currentState + '-';
-        for (const g of svg.querySelectorAll('g[id]')) if (g.id.includes(needle)) g.classList.add('active-node');
+        // a state diagram's node is <id>-state-NAME-<n>; a flowchart's (a run's path) <id>-flowchart-NAME-<n>
+        const needles = ['-state-' + currentState + '-', '-flowchart-' + currentState + '-'];
+        for (const g of svg.querySelectorAll('g[id]')) {
+          if (needles.some((n) => g.id.includes(n))) g.classList.add('active-node');
+        }
       }
     }
     $('diagram').setAttribute('aria-label', 'State diagram; current state: ' + (currentState || 'unknown'));
@@ -525,6 +566,7 @@
       $('diagram').replaceChildren(document.importNode(node, true));
       $('diagram').hidden = false;
       $('diagram-fallback').hidden = true;
+      applyZoom();
       markActiveNode();
     } catch (e) {
       if (gen !== renderGen) return;
@@ -762,6 +804,7 @@
     $('sid').textContent = sid || '(none)';
     document.title = 'Session ' + sid + ' · fsm_agent review';
     updateNonePending();
+    updateControls();
     if (!sid) { showError('No session id in this address: open /review/<session id>.'); return; }
     if (window.mermaid && typeof window.mermaid.render === 'function') {
       try {
