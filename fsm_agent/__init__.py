@@ -9,6 +9,7 @@ to the providers.
 from ._version import __version__
 from .agent import Agent
 from .chain import MiddlewareChain
+from .conditions import CONDITION_OPERATORS, ArgumentCondition, parse_condition
 from .control import Cancel, Decision, Followup, Interrupt, LoopControl, Steer
 from .errors import (
     ChainError,
@@ -104,9 +105,11 @@ from .types import (
 __all__ = [
     "Agent",
     "Allow",
+    "ArgumentCondition",
     "AskApproval",
     "AssistantMessage",
     "BudgetWarning",
+    "CONDITION_OPERATORS",
     "Cancel",
     "ChainError",
     "Complete",
@@ -204,6 +207,7 @@ __all__ = [
     "create_provider",
     "default_middleware",
     "instrument",
+    "parse_condition",
     "parse_output",
     "structured_call",
     "tool",

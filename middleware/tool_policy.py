@@ -26,6 +26,8 @@ names an argument (``arg``, a dotted path into the arguments: ``"options.mode"``
 ``matches``     string matches the regular expression *as a whole* (``re.fullmatch``)
 ``under``       string is an absolute POSIX path inside the directory once normalized
                 (``/srv/../etc`` is *not* under ``/srv``; ``starts_with`` would say yes)
+``host``        string is a URL or a bare ``host[:port]`` whose host is one of the patterns:
+                ``example.com``, ``*.example.com`` (its subdomains), ``*`` (any host)
 ``exists``      ``true``: the argument is present; ``false``: it is absent
 ==============  =====================================================================
 
@@ -92,8 +94,6 @@ from __future__ import annotations
 
 import fnmatch
 import json
-import posixpath
-import re
 import tomllib
 from collections.abc import Mapping, Sequence
 from os import PathLike
@@ -102,18 +102,31 @@ from typing import Any
 
 from attrs import frozen
 
-from fsm_agent import Allow, AskApproval, ConfigurationError, Deny, Middleware, Ordering, RunContext, ToolUseBlock
+from fsm_agent import (
+    CONDITION_OPERATORS,
+    Allow,
+    ArgumentCondition,
+    AskApproval,
+    ConfigurationError,
+    Deny,
+    Middleware,
+    Ordering,
+    RunContext,
+    ToolUseBlock,
+    parse_condition,
+)
 
 __all__ = ["ACTIONS", "OPERATORS", "Condition", "PolicyError", "Rule", "ToolPolicy"]
 
 ACTIONS = ("allow", "deny", "ask")
 """What a rule (or the default) can decide."""
 DECISIONS = ("approve", "edit", "reject", "respond")
-_NUM = ("lt", "le", "gt", "ge")
-OPERATORS = ("equals", "not_equals", "in", "not_in", *_NUM, "starts_with", "ends_with", "contains", "matches",
-             "under", "exists")
-"""Condition operators, in the order of the table above."""
-_MISSING = object()
+OPERATORS = CONDITION_OPERATORS
+"""Condition operators, in the order of the table above (the vocabulary of
+:mod:`fsm_agent.conditions`, shared with permission scopes and task checks)."""
+Condition = ArgumentCondition
+"""One ``when`` entry: every ``(operator, value)`` in ``checks`` must hold for argument ``arg``
+(:class:`fsm_agent.ArgumentCondition`)."""
 
 
 class PolicyError(ConfigurationError, ValueError):
@@ -124,81 +137,12 @@ class PolicyError(ConfigurationError, ValueError):
         self.problems = list(problems)
 
 
-def _is_num(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
 def _strs(v: Any) -> tuple[str, ...] | None:
     if isinstance(v, str):
         return (v,)
     if isinstance(v, list) and v and all(isinstance(x, str) for x in v):
         return tuple(v)
     return None
-
-
-def _lookup(arguments: Mapping[str, Any], path: str) -> Any:
-    value: Any = arguments
-    for part in path.split("."):
-        if isinstance(value, Mapping) and part in value:
-            value = value[part]
-        elif isinstance(value, list) and part.isdigit() and int(part) < len(value):
-            value = value[int(part)]
-        else:
-            return _MISSING
-    return value
-
-
-def _eq(a: Any, b: Any) -> bool:
-    """JSON equality: ``true`` is not ``1``."""
-    if isinstance(a, bool) or isinstance(b, bool):
-        return type(a) is type(b) and a == b
-    return bool(a == b)
-
-
-def _under(value: str, base: str) -> bool:
-    if not value.startswith("/"):
-        return False
-    norm = posixpath.normpath(value)
-    return norm == base or norm.startswith(base.rstrip("/") + "/")
-
-
-def _check(op: str, expected: Any, value: Any) -> bool:
-    if op == "exists":
-        return (value is not _MISSING) is expected
-    if value is _MISSING:
-        return False
-    if op in ("equals", "not_equals"):
-        return _eq(value, expected) is (op == "equals")
-    if op in ("in", "not_in"):
-        return any(_eq(value, x) for x in expected) is (op == "in")
-    if op in _NUM:  # the table is only built for numbers
-        return _is_num(value) and {"lt": value < expected, "le": value <= expected, "gt": value > expected,
-                                   "ge": value >= expected}[op]
-    if op == "contains":
-        if isinstance(value, str):
-            return isinstance(expected, str) and expected in value
-        return isinstance(value, list) and any(_eq(v, expected) for v in value)
-    if not isinstance(value, str):
-        return False
-    if op in ("starts_with", "ends_with"):
-        return value.startswith(expected) if op == "starts_with" else value.endswith(expected)
-    if op == "matches":
-        return expected.fullmatch(value) is not None
-    return any(_under(value, b) for b in expected)  # under
-
-
-@frozen
-class Condition:
-    """One ``when`` entry: every ``(operator, value)`` in ``checks`` must hold for argument ``arg``."""
-
-    arg: str
-    """Dotted path into the call's arguments."""
-    checks: tuple[tuple[str, Any], ...]
-    """Operators and their (validated, compiled) values."""
-
-    def holds(self, arguments: Mapping[str, Any]) -> bool:
-        value = _lookup(arguments, self.arg)
-        return all(_check(op, expected, value) for op, expected in self.checks)
 
 
 @frozen
@@ -224,51 +168,6 @@ class Rule:
         return f"rule {self.number} {self.name!r}" if self.name else f"rule {self.number}"
 
 
-def _condition(raw: Any, where: str, problems: list[str]) -> Condition | None:
-    if not isinstance(raw, Mapping):
-        problems.append(f"{where}: a condition must be a table like {{ arg = \"path\", under = \"/srv\" }}")
-        return None
-    arg = raw.get("arg")
-    if not isinstance(arg, str) or not arg:
-        problems.append(f"{where}: 'arg' must name an argument (a non-empty string)")
-        arg = "?"
-    checks: list[tuple[str, Any]] = []
-    for op, value in raw.items():
-        if op == "arg":
-            continue
-        bad = None
-        if op not in OPERATORS:
-            bad = f"unknown operator {op!r} (use one of: {', '.join(OPERATORS)})"
-        elif op in ("in", "not_in") and not isinstance(value, list):
-            bad = f"'{op}' needs a list of values"
-        elif op in _NUM and not _is_num(value):
-            bad = f"'{op}' needs a number, not {value!r}"
-        elif op in ("starts_with", "ends_with", "under") and _strs(value) is None:
-            bad = f"'{op}' needs a string or a list of strings, not {value!r}"
-        elif op == "under" and not all(s.startswith("/") for s in _strs(value) or ()):
-            bad = f"'under' needs absolute paths (starting with '/'), not {value!r}"
-        elif op == "matches" and not isinstance(value, str):
-            bad = f"'matches' needs a regular expression string, not {value!r}"
-        elif op == "exists" and not isinstance(value, bool):
-            bad = f"'exists' needs true or false, not {value!r}"
-        elif op == "matches":
-            try:
-                value = re.compile(value)
-            except re.error as exc:
-                bad = f"'matches' is not a valid regular expression ({exc}): {value!r}"
-        if bad:
-            problems.append(f"{where}: {bad}")
-            continue
-        if op in ("starts_with", "ends_with"):
-            value = _strs(value)
-        elif op == "under":
-            value = tuple(posixpath.normpath(s) for s in _strs(value) or ())
-        checks.append((op, value))
-    if not checks and not any(p.startswith(where + ":") for p in problems):
-        problems.append(f"{where}: no operator given for argument {arg!r}")
-    return Condition(arg, tuple(checks))
-
-
 _RULE_KEYS = ("tool", "action", "when", "reason", "name", "allowed_decisions")
 
 
@@ -291,7 +190,7 @@ def _rule(raw: Any, number: int, source: str, problems: list[str]) -> Rule | Non
     if not isinstance(when_raw, list):
         problems.append(f"{where}: 'when' must be a list of conditions")
         when_raw = []
-    when = [_condition(c, f"{where}: condition {i}", problems) for i, c in enumerate(when_raw, 1)]
+    when = [parse_condition(c, f"{where}: condition {i}", problems) for i, c in enumerate(when_raw, 1)]
     for key in ("reason", "name"):
         if not isinstance(raw.get(key, ""), str):
             problems.append(f"{where}: {key!r} must be a string")

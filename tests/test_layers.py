@@ -26,7 +26,7 @@ PACKAGE = ROOT / "fsm_agent"
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("foundation: errors, value types, pricing, control requests",
      ("fsm_agent._version", "fsm_agent.errors", "fsm_agent.control", "fsm_agent.pricing", "fsm_agent.types.*",
-      "fsm_agent.config")),
+      "fsm_agent.config", "fsm_agent.conditions")),
     ("services the engine uses: providers, stores, tools, structured-output checks",
      ("fsm_agent.providers.*", "fsm_agent.store.*", "fsm_agent.tools.*", "fsm_agent.structured",
       "fsm_agent.sandbox.*")),

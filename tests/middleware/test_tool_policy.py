@@ -220,7 +220,7 @@ def test_every_problem_is_reported_with_the_file_and_rule_number(tmp_path: Path)
         f"{f}: rule 3: condition 2: 'exists' needs true or false, not 'yes'",
         f"{f}: rule 3: condition 3: no operator given for argument 'r'",
         f"{f}: rule 3: condition 4: unknown operator 'like' (use one of: equals, not_equals, in, not_in, lt, le, "
-        "gt, ge, starts_with, ends_with, contains, matches, under, exists)",
+        "gt, ge, starts_with, ends_with, contains, matches, under, host, exists)",
         f"{f}: rule 3: 'allowed_decisions' only applies to action = \"ask\"",
         f"{f}: rule 4: 'when' must be a list of conditions",
         f"{f}: rule 4: 'allowed_decisions' must be a non-empty list from approve, edit, reject, respond",
