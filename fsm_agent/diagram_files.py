@@ -148,8 +148,7 @@ def render_svg(source: str, title: str = "fsm_agent diagram", *, timeout: float 
         "startOnLoad: false,", "startOnLoad: false, htmlLabels: false, flowchart: { htmlLabels: false },", 1)
     try:
         with sync_playwright() as p:
-            executable = _chromium()
-            browser = p.chromium.launch(**({"executable_path": executable} if executable else {}))
+            browser = p.chromium.launch(executable_path=_chromium())
             try:
                 page = browser.new_page()
                 page.route("**/*", lambda route: route.abort())  # offline: nothing is fetched

@@ -62,7 +62,7 @@ class _Parser(argparse.ArgumentParser):
     """The top-level parser: an argument no command knows is reported with the usage of the command
     (or subcommand) it was given to, not the top level's."""
 
-    def parse_args(self, args: Any = None, namespace: Any = None) -> Any:  # type: ignore[override]
+    def parse_args(self, args: Any = None, namespace: Any = None) -> Any:
         ns, extras = self.parse_known_args(args, namespace)
         if extras:
             message = f"unrecognized arguments: {' '.join(extras)}"

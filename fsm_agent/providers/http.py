@@ -41,7 +41,8 @@ class Interceptor(Protocol):
     the body was read to its end.
     """
 
-    recording: bool
+    @property
+    def recording(self) -> bool: ...
 
     def replay(self, url: str, headers: Mapping[str, str], body: bytes, secrets: tuple[str, ...]) -> Any: ...
 
@@ -77,7 +78,7 @@ def set_interceptor(interceptor: Interceptor | None) -> Interceptor | None:
     return previous
 
 
-class _Tap(list):  # type: ignore[type-arg]
+class _Tap(list[bytes]):
     """The network reads of one body (``list[bytes]``), each with its arrival time in :attr:`times`."""
 
     def __init__(self, t0: float) -> None:
@@ -85,7 +86,7 @@ class _Tap(list):  # type: ignore[type-arg]
         self.t0 = t0
         self.times: list[float] = []
 
-    def append(self, chunk: bytes) -> None:  # type: ignore[override]
+    def append(self, chunk: bytes) -> None:
         self.times.append(asyncio.get_running_loop().time() - self.t0)
         super().append(chunk)
 

@@ -351,7 +351,7 @@ class _ReplayedContent:
 
     async def read(self, n: int = -1) -> bytes:
         if n < 0:
-            out = []
+            out: list[bytes] = []
             while True:
                 chunk = await self.readany()
                 if not chunk:

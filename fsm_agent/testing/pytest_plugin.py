@@ -104,7 +104,7 @@ def cassette(request: pytest.FixtureRequest) -> Iterator[Cassette]:
             refused.append(exc)
             raise
 
-    cas.replay = replay  # type: ignore[method-assign]
+    cas.replay = replay  # type: ignore[method-assign,assignment]
     with cas:
         yield cas
     if refused and not request.node.stash.get(_CALL_FAILED, False):
