@@ -10,7 +10,7 @@ from ._version import __version__
 from .agent import Agent
 from .chain import MiddlewareChain
 from .conditions import CONDITION_OPERATORS, ArgumentCondition, parse_condition
-from .control import Cancel, Decision, Followup, Interrupt, LoopControl, Steer
+from .control import Cancel, Decision, Followup, Interrupt, LoopControl, RequestPermissions, Restrict, Steer
 from .errors import (
     ChainError,
     ConfigurationError,
@@ -18,6 +18,7 @@ from .errors import (
     FsmAgentError,
     InvalidPlanError,
     MiddlewareError,
+    PermissionsError,
     ProviderError,
     ResumeError,
     RunError,
@@ -29,6 +30,7 @@ from .errors import (
     StoreError,
     StructuredOutputError,
     SuspendCall,
+    TaskDefinitionError,
     ToolArgumentsError,
     ToolError,
     UserError,
@@ -65,9 +67,11 @@ from .providers import (
     ToolMode,
     create_provider,
 )
+from .permissions import PermissionDenial, PermissionRequest, Permissions, Restriction, Scope
 from .plugins import default_middleware
 from .store import MemoryStore, SQLiteStore, Store
 from .structured import StructuredResult, parse_output, structured_call
+from .task import AcceptanceCheck, CheckResult, Task, TaskAnswer, TaskBudget, TaskOutcome, TaskResult
 from .tools import RUN_AGAIN, Tool, ToolContext, ToolEffect, ToolRegistry, tool
 from .types import (
     AssistantMessage,
@@ -103,6 +107,7 @@ from .types import (
 )
 
 __all__ = [
+    "AcceptanceCheck",
     "Agent",
     "Allow",
     "ArgumentCondition",
@@ -112,6 +117,7 @@ __all__ = [
     "CONDITION_OPERATORS",
     "Cancel",
     "ChainError",
+    "CheckResult",
     "Complete",
     "ConfigurationError",
     "ContextLengthExceededError",
@@ -142,6 +148,10 @@ __all__ = [
     "Ordering",
     "OutputSchema",
     "PendingAction",
+    "PermissionDenial",
+    "PermissionRequest",
+    "Permissions",
+    "PermissionsError",
     "Phase",
     "Plan",
     "PlanNode",
@@ -155,7 +165,10 @@ __all__ = [
     "ProviderError",
     "ProviderType",
     "RUN_AGAIN",
+    "RequestPermissions",
     "Respond",
+    "Restrict",
+    "Restriction",
     "ResumeError",
     "RetryPolicy",
     "RunConfig",
@@ -164,6 +177,7 @@ __all__ = [
     "RunResult",
     "RunStop",
     "SQLiteStore",
+    "Scope",
     "ScriptedProvider",
     "SessionBusyError",
     "SessionConflictError",
@@ -179,6 +193,12 @@ __all__ = [
     "SuspendCall",
     "SystemMessage",
     "TRANSITIONS",
+    "Task",
+    "TaskAnswer",
+    "TaskBudget",
+    "TaskDefinitionError",
+    "TaskOutcome",
+    "TaskResult",
     "TextBlock",
     "ThinkingBlock",
     "Tool",

@@ -32,8 +32,8 @@ from typing import Any
 from attrs import evolve
 
 from .chain import MiddlewareChain
-from .control import Cancel, Decision, Followup, Interrupt, LoopControl, Steer
-from .errors import (ChainError, ReplayDivergence, ResumeError, SessionBusyError, SessionEndedError,
+from .control import Cancel, Decision, Followup, Interrupt, LoopControl, RequestPermissions, Restrict, Steer
+from .errors import (ChainError, ConfigurationError, ReplayDivergence, ResumeError, SessionBusyError, SessionEndedError,
                      SessionExistsError)
 from .hooks import HookBus
 from .config import RunConfig
@@ -49,6 +49,8 @@ from .middleware import Middleware
 from .otel import OtelSettings
 from .otel import active as _otel_active
 from .otel import build as _otel_build
+from .permissions import PERMISSIONS_METADATA_KEY, Permissions, control_text
+from .plugins import load_plugin
 from .pricing import cost_usd
 from .providers.base import Provider
 from .store.base import QUEUED, ControlKind, LedgerEntry, LedgerStatus, SessionRecord, Store
@@ -58,6 +60,7 @@ from .store.sessions import LoadedSession, load_session, send_control
 from .tools.registry import Tool, ToolRegistry
 from .types.codec import structure, unstructure
 from .types.messages import AssistantMessage, Message, SystemMessage, UserMessage
+from .task import TASK_DEFINITION_KEY, Task, TaskResult, stored_task
 from .types.run import RunResult, RunStop, StopReason
 
 __all__ = ["Agent", "PortFactory", "drain_on_signals"]
@@ -84,6 +87,10 @@ class Agent:
         worker_id: this worker's lease owner name (default: host:pid:random).
         lease_ttl: seconds a session lease lasts without renewal.
         control_poll: seconds between checks for control events while a model call or tools run.
+        permissions: what every session of this agent may do at most (:class:`~fsm_agent.Permissions`:
+            tools and argument scopes), checked by the engine; a session's own permissions
+            (``run(permissions=...)``, a server's request or tenant, a task) narrow them. ``None``
+            (default): every tool, unless the session's own say otherwise.
         host: a durable host (``fsm_agent.temporal.TemporalHost``: the sessions run as Temporal
             workflows on workers serving this agent); ``None``: runs happen in this process.
         instrument: OpenTelemetry GenAI traces and metrics of this agent's runs (extra
@@ -111,6 +118,7 @@ class Agent:
         worker_id: str | None = None,
         lease_ttl: float = 30.0,
         control_poll: float = 0.5,
+        permissions: Permissions | None = None,
         host: Any = None,
         instrument: bool | OtelSettings | None = None,
     ) -> None:
@@ -129,6 +137,10 @@ class Agent:
         self.control_poll = control_poll
         self._active: set[Driver] = set()
         """Drivers of this agent's runs in flight in this process (for :meth:`drain_on_signals`)."""
+        self.permissions = permissions
+        """What every session of this agent may do at most (``None``: no limit of the agent's own)."""
+        self._task: Task | None = None
+        """The task this agent runs (an agent :meth:`run_task` derived), or ``None``."""
         self.instrument = instrument
         self._otel: Any = _otel_build(instrument) if instrument is not None and instrument is not False else None
         """This agent's own instrumentation (``instrument=True`` or settings), built once."""
@@ -156,7 +168,7 @@ class Agent:
                       system_prompt=self.system_prompt if system_prompt is None else system_prompt,
                       middleware=[*self.middleware, *middleware], observers=self.hooks.observers, config=self.config,
                       store=self.store, worker_id=self.worker_id, lease_ttl=self.lease_ttl,
-                      control_poll=self.control_poll)
+                      control_poll=self.control_poll, permissions=self.permissions)
         agent.instrument, agent._otel = self.instrument, self._otel
         agent._active = self._active
         return agent
@@ -281,13 +293,16 @@ class Agent:
         config: RunConfig | None = None,
         metadata: Mapping[str, Any] | None = None,
         port: PortFactory | None = None,
+        permissions: Permissions | None = None,
         **limits: Any,
     ) -> RunResult:
         """Run ``task`` (a user message, a message, or a whole history) to a StopReason.
 
         ``limits`` override :class:`RunConfig` fields for this run only
         (``max_iterations=5``, ``max_wall_clock=30.0`` ...). ``port``: the effects of this run (see
-        :data:`PortFactory`; default: :meth:`live_port`).
+        :data:`PortFactory`; default: :meth:`live_port`). ``permissions``: what the new session may do
+        (:class:`~fsm_agent.Permissions`; within the agent's own), stored with it (its metadata and
+        checkpoint) and checked by the engine at PreTurn and for every tool call.
 
         Never raises for what happens during the run: failures end in
         FAILED_RETRYABLE / FAILED_TERMINAL with the error in ``stop.error``.
@@ -297,37 +312,58 @@ class Agent:
             SessionExistsError: ``session_id`` names a session that exists (resume it instead), unless
                 it is a session a server created ``QUEUED`` that never ran: that one is adopted.
             ConfigurationError: a bad limit.
+            PermissionsError: the session's stored permissions (a server's) are invalid.
             StoreError: the store could not create the session.
         """
         cfg = config or self.config
         if limits:
             cfg = evolve(cfg, **limits)
+        meta = dict(metadata or {})
+        if permissions is not None:
+            meta[PERMISSIONS_METADATA_KEY] = permissions.to_dict()
         if self.host is not None and port is None:
             messages = self._initial_messages(task)
             return await self.host.run(self, messages, session_id=session_id or uuid.uuid4().hex, config=cfg,  # type: ignore[no-any-return]
-                                       metadata=metadata, limits={})
-        effects = self._port(port)
+                                       metadata=meta, limits={})
+        return await self._run_here(task, session_id, cfg, meta, self._port(port))
+
+    async def _run_here(self, task: str | Message | Sequence[Message], session_id: str | None, cfg: RunConfig,
+                        meta: dict[str, Any], effects: EffectPort) -> RunResult:
+        """:meth:`run` in this process, on ``effects``. A session whose metadata holds a task definition
+        (given, or stored by a server for a QUEUED session) runs as that task (:meth:`run_task`)."""
+        if self._task is None and meta.get(TASK_DEFINITION_KEY) is not None:
+            t = stored_task(meta)
+            assert t is not None
+            return await self._as_task(t)._run_here(t.messages(), session_id, t.config(cfg), meta, effects)
         store = effects.store
         messages = self._initial_messages(task)
         ctx = self.new_context(list(messages), session_id=session_id or effects.new_id(), config=cfg)
-        goal = next((m.text for m in messages if isinstance(m, UserMessage)), "")
+        goal = (self._task.goal if self._task is not None else
+                next((m.text for m in messages if isinstance(m, UserMessage)), ""))
         now = effects.now()
-        ctx._set_metadata(dict(metadata or {}))
+        ctx._set_metadata(dict(meta))
         try:
             await store.create_session(SessionRecord(ctx.session_id, Phase.IDLE.value, goal=goal[:2000],
-                                                     metadata=dict(metadata or {}), created_at=now, updated_at=now))
+                                                     metadata=dict(meta), created_at=now, updated_at=now))
         except SessionExistsError:
             queued = await store.get_session(ctx.session_id)
             if queued is None or queued.state != QUEUED or queued.last_seq:
                 raise
             # created QUEUED by a server (fsm_agent.server): this run is its first
-            if metadata:
-                await store.update_metadata(ctx.session_id, dict(metadata))
-            ctx._set_metadata({**queued.metadata, **dict(metadata or {})})
+            full = {**queued.metadata, **meta}
+            if self._task is None and full.get(TASK_DEFINITION_KEY) is not None:
+                t = stored_task(full)
+                assert t is not None
+                return await self._as_task(t)._run_here(t.messages(), ctx.session_id, t.config(cfg), full, effects)
+            if meta:
+                await store.update_metadata(ctx.session_id, dict(meta))
+            ctx._set_metadata(full)
+        perms = ctx._run.permissions = self._session_permissions(ctx.metadata)
         if not await store.acquire_lease(ctx.session_id, self.worker_id, self.lease_ttl):
             raise SessionBusyError(f"session {ctx.session_id} is leased by another worker")
         journal = Journal(effects, ctx.session_id, 1, self.worker_id)
-        journal.record("session_started", {"goal": goal, "config": unstructure(cfg)})
+        journal.record("session_started", {"goal": goal, "config": unstructure(cfg),
+                                           "permissions": perms.to_dict() if perms is not None else None})
         for m in messages:
             journal.message(m, 0)
         return await self._drive(ctx, journal, Trigger.START, "start")
@@ -412,9 +448,17 @@ class Agent:
         if self.host is not None and port is None:
             return await self.host.resume(self, session_id, decisions=decisions,  # type: ignore[no-any-return]
                                           confirm_cancel=confirm_cancel, limits=limits)
-        effects = self._port(port)
+        return await self._resume_here(self._port(port), session_id, decisions, confirm_cancel, limits)
+
+    async def _resume_here(self, effects: EffectPort, session_id: str, decisions: Mapping[str, Decision] | None,
+                           confirm_cancel: bool, limits: Mapping[str, Any]) -> RunResult:
+        """:meth:`resume` in this process, on ``effects``; a task session resumes as its task."""
         store = effects.store
         loaded = await self._check_resume(store, session_id, decisions, effects.now())
+        if self._task is None:
+            t = stored_task(loaded.record.metadata if isinstance(loaded.record.metadata, dict) else {})
+            if t is not None:
+                return await self._as_task(t)._resume_here(effects, session_id, decisions, confirm_cancel, limits)
         if loaded.record.state == StopReason.WAITING_HUMAN.value:
             # the decisions written through the one writer (Agent.decide, the server) answer the calls they name
             decisions = merge_decisions(decisions, await read_decisions(store, loaded.record))
@@ -438,8 +482,9 @@ class Agent:
         session_id = rec.session_id
         if loaded.state_data is not None:
             state: RunState = structure(loaded.state_data, RunState)
-        else:
+        else:  # no checkpoint yet (a crash before the first): the permissions it was created with
             state = RunState(config=self.config)
+            state.permissions = self._session_permissions(rec.metadata if isinstance(rec.metadata, dict) else {})
         if limits:
             state.config = evolve(state.config, **limits)
         # Earlier approvals of calls not yet run carry over; an approval replayed from the checkpoint for
@@ -476,15 +521,23 @@ class Agent:
         return ctx, journal, None, "recovered"
 
     async def control(self, session_id: str, control: LoopControl) -> None:
-        """Send a control event to a session, wherever it runs (through the store).
+        """Send a control event to a session, wherever it runs (through the store). A
+        :class:`~fsm_agent.Restrict` narrows the session's permissions; a
+        :class:`~fsm_agent.RequestPermissions` asks a person to widen them (the run stops
+        WAITING_HUMAN with the request pending; approve it with :meth:`decide` or :meth:`resume`).
 
         Raises:
             ResumeError: unknown session, a session that ended for good, or an interrupt for a
                 session that is not running.
         """
-        kind = {Steer: ControlKind.STEER, Followup: ControlKind.FOLLOWUP, Interrupt: ControlKind.INTERRUPT,
-                Cancel: ControlKind.CANCEL}[type(control)]
-        text = str(getattr(control, "text", None) or getattr(control, "reason", ""))
+        if isinstance(control, Restrict):
+            kind, text = ControlKind.RESTRICT, control_text("restriction", control.restriction, control.reason)
+        elif isinstance(control, RequestPermissions):
+            kind, text = ControlKind.REQUEST_PERMISSIONS, control_text("permissions", control.permissions, control.reason)
+        else:
+            kind = {Steer: ControlKind.STEER, Followup: ControlKind.FOLLOWUP, Interrupt: ControlKind.INTERRUPT,
+                    Cancel: ControlKind.CANCEL}[type(control)]
+            text = str(getattr(control, "text", None) or getattr(control, "reason", ""))
         if self.host is not None:
             await self.host.control(session_id, control)
             return
@@ -508,6 +561,107 @@ class Agent:
         if self.host is not None:
             return await self.host.decide(session_id, call_id, decision)  # type: ignore[no-any-return]
         return await write_decision(self.store, session_id, call_id, decision, tools=self.tools)
+
+    # -- task mode --------------------------------------------------------------------------------
+    def _session_permissions(self, metadata: Mapping[str, Any]) -> Permissions | None:
+        """The session's permissions: the agent's, narrowed by those its metadata holds (given to
+        :meth:`run`, stored by a server) and by its task's.
+
+        Raises:
+            PermissionsError: the stored permissions are invalid.
+        """
+        perms = self.permissions
+        data = metadata.get(PERMISSIONS_METADATA_KEY)
+        if data is not None:
+            own = Permissions.from_dict(data, source="the session's permissions")
+            perms = own if perms is None else perms.narrow(own, "the session's permissions")
+        return self._task.session_permissions(perms) if self._task is not None else perms
+
+    def _as_task(self, task: Task) -> Agent:
+        """This agent, deriving one that runs ``task``: its acceptance checks by the ``verifier``
+        plugin (:meth:`Verifier.for_task <fsm_agent_middleware.verifier.Verifier.for_task>`).
+
+        Raises:
+            ConfigurationError: the task has checks and no ``verifier`` plugin with ``for_task`` is
+                installed; ChainError: its checks cannot share the chain (PlanAct).
+        """
+        extra: list[Middleware] = []
+        if task.checks:
+            verifier = load_plugin("verifier")
+            for_task = getattr(verifier, "for_task", None)
+            if for_task is None:
+                raise ConfigurationError("a task's acceptance checks need the built-in verifier plugin (entry point "
+                                         f"'verifier' with Verifier.for_task); the installed one is {verifier!r}")
+            extra.append(for_task(task))
+        agent = self.derive(middleware=extra)
+        agent._task = task
+        return agent
+
+    async def run_task(self, task: Task, *, session_id: str | None = None, permissions: Permissions | None = None,
+                       metadata: Mapping[str, Any] | None = None, port: PortFactory | None = None) -> TaskResult:
+        """Run ``task`` (task mode, seed 000's ``run_task``): one session whose first message states the
+        goal, inputs, constraints, expected output and acceptance criteria; its permissions narrowed
+        to the task's (``allowed_tools``, ``permissions``); its budget and output schema the task's;
+        its acceptance checks run by the ``verifier`` plugin at PostTurn (a failed check goes back to
+        the model, up to ``task.max_repairs`` times). The definition is stored with the session
+        (``metadata["task_definition"]``): a resume, by any worker or a server, runs it as that task.
+
+        Args:
+            task: the task (:class:`~fsm_agent.Task`; ``Task.from_file`` reads a task file).
+            session_id: the new session's id (default: a fresh one).
+            permissions: the session's permissions (within the agent's), narrowed by the task's.
+            metadata: more session metadata.
+            port: the effects of the run (see :meth:`run`).
+
+        Returns:
+            the :class:`~fsm_agent.TaskResult`: outcome, validated output, checks, evidence, usage,
+            cost and the stop. Like :meth:`run`, it never raises for what happens during the run.
+
+        Raises:
+            SessionExistsError: ``session_id`` names a session that exists.
+            ConfigurationError: a budget RunConfig refuses; no verifier plugin for the checks; a task
+                with callable checks on a durable host (give them as ``python = "module:function"``).
+        """
+        meta = {**dict(metadata or {}), TASK_DEFINITION_KEY: task.to_dict()}
+        cfg = task.config(self.config)
+        if self.host is not None and port is None:
+            if not task.rebuildable:
+                raise ConfigurationError("this task has acceptance checks given as Python callables, which a durable "
+                                         "host cannot run elsewhere: give them as AcceptanceCheck.python_ref(name, "
+                                         "\"module:function\")")
+            result = await self.run(task.messages(), session_id=session_id, config=cfg, metadata=meta,
+                                    permissions=permissions)
+        else:
+            result = await self._as_task(task).run(task.messages(), session_id=session_id, config=cfg, metadata=meta,
+                                                   permissions=permissions, port=port)
+        return TaskResult.from_run(result, task)
+
+    async def resume_task(self, session_id: str, task: Task | None = None, *,
+                          decisions: Mapping[str, Decision] | None = None, confirm_cancel: bool = False,
+                          port: PortFactory | None = None, **limits: Any) -> TaskResult:
+        """:meth:`resume` a task session; returns its :class:`~fsm_agent.TaskResult`. ``task``: the task
+        it runs (needed when its checks are Python callables); ``None``: the definition stored with
+        the session (a plain :meth:`resume` of a task session runs it as its task too).
+
+        Raises:
+            ResumeError: an unknown session, or one that is no task session (and no ``task`` given);
+                see :meth:`resume` for the rest (a task session that ended raises
+                :class:`SessionEndedError`; ``TaskResult.from_run(error.result, task)`` reads it).
+        """
+        if task is None:
+            rec = await self.store.get_session(session_id)
+            if rec is None:
+                raise ResumeError(f"unknown session {session_id!r}")
+            task = stored_task(rec.metadata if isinstance(rec.metadata, dict) else {})
+            if task is None:
+                raise ResumeError(f"session {session_id} is no task session (it holds no task definition); "
+                                  "resume it with Agent.resume()")
+        if self.host is not None and port is None:
+            result = await self.resume(session_id, decisions=decisions, confirm_cancel=confirm_cancel, **limits)
+        else:
+            result = await self._as_task(task).resume(session_id, decisions=decisions, confirm_cancel=confirm_cancel,
+                                                      port=port, **limits)
+        return TaskResult.from_run(result, task)
 
     def run_sync(self, task: str | Message | Sequence[Message], **kw: Any) -> RunResult:
         """:meth:`run` from synchronous code (starts and closes an event loop)."""

@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from .tools.registry import Tool
     from .types.content import ToolUseBlock
     from .types.messages import Message, Usage
+    from .permissions import Permissions
     from .types.plan import Plan
     from .types.requests import MessageRequest, MessageResponse, ToolDefinition
 
@@ -228,6 +229,13 @@ class RunContext(Protocol):
     @property
     def plan(self) -> Plan | None:
         """The run's plan (frozen), or ``None`` when none was made; replace it with :meth:`update_plan`."""
+        ...
+
+    @property
+    def permissions(self) -> Permissions | None:
+        """The session's permissions (frozen: :class:`~fsm_agent.Permissions`), or ``None`` when it has
+        none (every tool). A plugin reads them; it cannot change them (the engine checks every call
+        against them, before any plugin sees it)."""
         ...
 
     @property

@@ -7,6 +7,11 @@ have a person confirm them). They are queued in the session's store, so they can
 another thread, process or host, and are consumed by the driving worker at safe points
 (Interrupt and Cancel also mid-phase).
 
+Two more control events change a session's permissions (:mod:`fsm_agent.permissions`):
+``Restrict`` narrows them at once (at the next PreTurn, or before the next tool call), and
+``RequestPermissions`` asks to widen them: the run stops WAITING_HUMAN until a person approves
+(or rejects) the request; neither the model nor a plugin can send either.
+
 A :class:`Decision` answers a pending tool call of a WAITING_HUMAN run: approve, edit (new
 arguments, validated against the tool's schema), reject (with a message the model sees), or
 respond (a person gives the result instead of the tool).
@@ -18,7 +23,9 @@ from typing import Any, Literal, Union
 
 from attrs import field, frozen
 
-__all__ = ["Cancel", "Decision", "Followup", "Interrupt", "LoopControl", "Steer"]
+from .permissions import Permissions, Restriction
+
+__all__ = ["Cancel", "Decision", "Followup", "Interrupt", "LoopControl", "RequestPermissions", "Restrict", "Steer"]
 
 
 @frozen
@@ -50,7 +57,30 @@ class Cancel:
     reason: str = "cancelled by the user"
 
 
-LoopControl = Union[Steer, Followup, Interrupt, Cancel]
+@frozen
+class Restrict:
+    """Narrow the session's permissions: every later tool call must also keep to ``restriction``
+    (a :class:`~fsm_agent.permissions.Restriction`, or :class:`~fsm_agent.permissions.Permissions`
+    whose tools and scopes become one). Applied at the next PreTurn, or before the next tool call
+    runs, whichever comes first; a permission request still waiting is narrowed too. It can never
+    widen them."""
+
+    restriction: Restriction | Permissions
+    reason: str = ""
+
+
+@frozen
+class RequestPermissions:
+    """Ask to widen the session's permissions to ``permissions`` (what they become, whole). At the
+    next PreTurn the run stops WAITING_HUMAN with the request pending (``call.name``
+    ``request_permissions``, decisions ``approve`` or ``reject``); a person's approval applies it,
+    a rejection leaves the permissions as they are. A newer request replaces one still waiting."""
+
+    permissions: Permissions
+    reason: str = ""
+
+
+LoopControl = Union[Steer, Followup, Interrupt, Cancel, Restrict, RequestPermissions]
 
 
 @frozen

@@ -5,6 +5,8 @@
     FsmAgentError
     ├── UserError                      misuse, found before or at construction; never retried
     │   ├── ConfigurationError         bad provider / agent / CLI configuration
+    │   │   ├── PermissionsError (+ValueError)  invalid session permissions (every problem listed)
+    │   │   └── TaskDefinitionError (+ValueError)  an invalid task definition (every problem listed)
     │   ├── ToolDefinitionError        a function that cannot become a tool
     │   ├── ChainError                 a middleware chain that cannot be built (cycle, missing
     │   │                              requirement, sync/async mismatch, change after freezing)
@@ -127,6 +129,7 @@ __all__ = [
     "StreamError",
     "StructuredOutputError",
     "SuspendCall",
+    "TaskDefinitionError",
     "ToolArgumentsError",
     "ToolDefinitionError",
     "ToolError",
@@ -145,6 +148,24 @@ class UserError(FsmAgentError):
 
 class ConfigurationError(UserError):
     """A provider, agent or CLI setting is missing or invalid."""
+
+
+class PermissionsError(ConfigurationError, ValueError):
+    """Session permissions (:class:`fsm_agent.Permissions`, a permissions file or table) are
+    invalid. ``problems`` holds one line per problem, each naming where it is."""
+
+    def __init__(self, problems: Any) -> None:
+        self.problems = [str(p) for p in problems]
+        super().__init__("\n".join(self.problems))
+
+
+class TaskDefinitionError(ConfigurationError, ValueError):
+    """A task definition (:class:`fsm_agent.Task`, a task file, a server request's task) is
+    invalid. ``problems`` holds one line per problem, each naming where it is."""
+
+    def __init__(self, problems: Any) -> None:
+        self.problems = [str(p) for p in problems]
+        super().__init__("\n".join(self.problems))
 
 
 class ToolDefinitionError(UserError):

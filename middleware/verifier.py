@@ -23,6 +23,11 @@ Then:
   ``error={"kind": "verification_failed", "reasons": [...]}``. Both carry every
   rejection's evidence in ``evidence_refs``.
 
+**A task's acceptance checks** (task mode, :class:`fsm_agent.Task`): :meth:`Verifier.for_task`
+gives the verifier that ``Agent.run_task`` puts in the task's chain; its check is
+:class:`TaskChecks` (value checks, Python checks, then, when those pass, the graded criteria
+through :class:`ModelGrader`), each check's result in the evidence as ``check[<name>] ...``.
+
 A check that raises ends the run FAILED_TERMINAL (fail closed, the middleware
 default). The rejection count lives in ``ctx.state(self)`` (``rejections``,
 ``verdicts``), so it starts again at 0 when a run is resumed.
@@ -39,25 +44,29 @@ import orjson
 from attrs import field, frozen
 
 from fsm_agent import (
+    CheckResult,
     Complete,
     Continue,
     MessageRequest,
     MessageResponse,
     Middleware,
     ModelStopReason,
+    Ordering,
     OutputSchema,
     Provider,
     RunContext,
     StopReason,
     StopRun,
     SystemMessage,
+    Task,
+    TaskAnswer,
     UserMessage,
     parse_output,
 )
 from fsm_agent.errors import ProviderError
 
-__all__ = ["GRADER_INSTRUCTIONS", "VERDICT_FORMAT", "VERDICT_SCHEMA", "ModelGrader", "Verdict", "Verifier",
-           "grade", "grader_failure", "parse_verdict", "read_verdict"]
+__all__ = ["GRADER_INSTRUCTIONS", "VERDICT_FORMAT", "VERDICT_SCHEMA", "ModelGrader", "TaskChecks", "Verdict",
+           "Verifier", "grade", "grader_failure", "parse_verdict", "read_verdict"]
 
 
 def _strings(values: Iterable[str]) -> tuple[str, ...]:
@@ -272,6 +281,59 @@ class ModelGrader:
                            who="verifier", records=ctx.state(self).setdefault("calls", []))
 
 
+class TaskChecks:
+    """A task's acceptance checks as one verifier check (task mode).
+
+    The ``value`` checks (on the answer's text and the validated output) and the Python checks run
+    first; the graded criteria (each a :class:`ModelGrader` call whose tokens count toward the run's
+    budgets) run only when those pass. The verdict passes when every check ran and passed; its
+    feedback names each failed check and why; its evidence holds each result
+    (:meth:`fsm_agent.CheckResult.to_evidence`) and the graders' own references.
+
+    Args:
+        task: the task (its ``checks`` and ``output_schema``).
+        provider: the graders' model, or ``None`` for the run's own.
+    """
+
+    def __init__(self, task: Task, provider: Provider | None = None) -> None:
+        self.task = task
+        self.graders = {c.name: ModelGrader(provider, task=f"{task.goal.strip()}\n\nCRITERION TO JUDGE: {c.grader}",
+                                            name=f"task_checks:{c.name}")
+                        for c in task.checks if c.grader is not None}
+
+    def __repr__(self) -> str:
+        return f"TaskChecks({[c.name for c in self.task.checks]})"
+
+    async def __call__(self, ctx: RunContext) -> Verdict:
+        resp = ctx.last_response
+        text = resp.text if resp is not None else ""
+        output = None
+        schema = self.task.output_schema
+        if schema is not None and resp is not None:
+            parsed = parse_output(resp, schema)  # the engine checked it already: this reads the value
+            output = parsed.value if parsed.ok else None
+        answer = TaskAnswer(text, output, ctx)
+        results: list[CheckResult] = []
+        for check in self.task.checks:
+            if check.value is not None:
+                results.append(check.evaluate(answer))
+            elif check.grader is None:
+                results.append(await check.call(answer))
+        evidence: list[str] = []
+        if all(r.ok for r in results):
+            for check in self.task.checks:
+                if check.grader is not None:
+                    verdict = await self.graders[check.name](ctx)
+                    results.append(CheckResult(check.name, verdict.ok, verdict.feedback))
+                    evidence.extend(verdict.evidence)
+        order = {c.name: i for i, c in enumerate(self.task.checks)}
+        results.sort(key=lambda r: order[r.name])
+        failed = [r for r in results if not r.ok]
+        feedback = "; ".join(f"{r.name}: {r.reason or 'failed'}" for r in failed)
+        return Verdict(not failed, feedback or "every acceptance check passed",
+                       (*(r.to_evidence() for r in results), *evidence))
+
+
 class Verifier(Middleware):
     """PostTurn check that completes the run or sends feedback (see the module doc).
 
@@ -306,6 +368,20 @@ class Verifier(Middleware):
     def __repr__(self) -> str:
         return (f"Verifier(check={self.check!r}, max_rejections={self.max_rejections}, "
                 f"on_exhausted={self.on_exhausted!r})")
+
+    @classmethod
+    def for_task(cls, task: Task, *, provider: Provider | None = None) -> Verifier:
+        """The verifier of a task's acceptance checks (``Agent.run_task`` puts it in the task's chain):
+        :class:`TaskChecks` as its check, ``task.max_repairs`` feedback rounds, then the task's
+        ``on_check_failure``; named ``task_checks`` (so it can sit beside a verifier of your own),
+        and it cannot share a chain with ``planact``, which completes runs by its own checks."""
+        verifier = cls(TaskChecks(task, provider), max_rejections=task.max_repairs, on_exhausted=task.on_check_failure,
+                       feedback_template="Your answer did not pass the task's acceptance checks: {feedback}\n"
+                                         "Fix it and answer again.", name="task_checks")
+        verifier.ordering = Ordering(conflicts={"planact": "PlanAct completes a run when its plan's nodes pass its "
+                                                           "checks; give a task run by PlanAct no acceptance checks "
+                                                           "(put them in PlanAct(check=...))"})
+        return verifier
 
     # the base hook is typed sync; the chain awaits an async override (checked when the chain is built)
     async def post_turn(self, ctx: RunContext) -> Complete | Continue | None:  # type: ignore[override]

@@ -15,6 +15,11 @@ Per call, in the model's order:
    (``decisions_taken``); a ``decision`` control is only a wake-up.
 3. **Policy**: ``on_tool_call`` of each middleware (allow, deny, ask, edit, respond).
 
+Before any of this, queued ``restrict`` controls narrow the session's permissions, and every call
+about to run is checked against them (:class:`~.gate.PermissionGate`): before the policy (no
+plugin sees a call outside them), after a plugin's edit, and before a person's approval or edit
+runs it. A call outside them is denied (ledger ``rejected``, event ``permission_denied``).
+
 Calls to run get ``approved`` and then ``started`` (one durable write for the batch when any has
 effects) before any of them starts, then run in parallel inside the composed ``wrap_tool_call``
 chain; each result is written (``completed`` / ``failed``) as it arrives. When one call's chain
@@ -49,6 +54,7 @@ from ..types.events import (ApprovalRequested, PolicyDecision, ToolFinished, Too
                             UsageRolledUp)
 from ..types.messages import ToolResultMessage
 from ..types.run import PendingAction, StopReason
+from .gate import PermissionGate
 from .host import Host
 from .outcome import Move, Outcome, Stop
 from .phases import Phase, Trigger
@@ -72,11 +78,21 @@ class MidTurn:
     """The MidTurn phase (see the module doc). What is under way (calls started, settled, done,
     suspended) is kept in the host's :class:`~.host.InFlight`, for the controls that may cut it."""
 
-    __slots__ = ("h", "_observing")
+    __slots__ = ("h", "_observing", "gate")
 
     def __init__(self, host: Host) -> None:
         self.h = host
         self._observing: set[asyncio.Task[None]] = set()
+        self.gate = PermissionGate(host)
+
+    async def _refused(self, call: ToolUseBlock, to_run: ToolUseBlock, results: dict[str, ToolResultMessage]) -> bool:
+        """``to_run`` (``call`` as decided) is outside the session's permissions: record its denial."""
+        denied = self.gate.denied(to_run)
+        if denied is None:
+            return False
+        await self.h.ledger.record(call, LedgerStatus.REJECTED, denied, durable=True)
+        results[call.id] = denied
+        return True
 
     def decided(self, call: ToolUseBlock, decision: Decision
                 ) -> tuple[ToolUseBlock | None, ToolResultMessage | None, LedgerStatus]:
@@ -105,6 +121,7 @@ class MidTurn:
     async def run(self) -> Outcome:
         h = self.h
         ctx, run, fl = h.view, h.run_state, h.inflight
+        await self.gate.take_restrictions()
         calls = list(run.pending_calls)
         if not calls and run.last_response is not None:
             calls = list(run.last_response.tool_calls)
@@ -153,6 +170,8 @@ class MidTurn:
                         results[call.id] = res
                         continue
                 assert again is not None
+                if await self._refused(call, again, results):
+                    continue
                 await h.ledger.record(again, LedgerStatus.APPROVED, durable=True)
                 to_run.append(again)
                 approved[call.id] = decision
@@ -162,7 +181,7 @@ class MidTurn:
                 if res is not None:
                     await h.ledger.record(call, status, res, durable=True)
                     results[call.id] = res
-                elif run_call is not None:
+                elif run_call is not None and not await self._refused(call, run_call, results):
                     await h.ledger.record(run_call, LedgerStatus.APPROVED, durable=True)
                     to_run.append(run_call)
                     approved[call.id] = decision
@@ -184,7 +203,7 @@ class MidTurn:
                 if res is not None:
                     await h.ledger.record(call, status, res)
                     results[call.id] = res
-                elif run_call is not None:
+                elif run_call is not None and not await self._refused(call, run_call, results):
                     await h.ledger.record(run_call, LedgerStatus.APPROVED)
                     to_run.append(run_call)
         if pending:
@@ -240,7 +259,21 @@ class MidTurn:
     async def _policy(self, call: ToolUseBlock
                       ) -> tuple[ToolUseBlock, ToolResultMessage | None, LedgerStatus, AskApproval | None]:
         """The middleware's decisions on ``call``: (the call as edited, a final result or None, the
-        ledger status of that result, an approval request or None)."""
+        ledger status of that result, an approval request or None). A call outside the session's
+        permissions is denied before any plugin sees it, and an edit cannot take it outside them."""
+        denied = self.gate.denied(call)
+        if denied is not None:
+            return call, denied, LedgerStatus.REJECTED, None
+        decided, final, status, ask = await self._plugins_on(call)
+        if final is None and decided is not call:
+            denied = self.gate.denied(decided)
+            if denied is not None:
+                return decided, denied, LedgerStatus.REJECTED, None
+        return decided, final, status, ask
+
+    async def _plugins_on(self, call: ToolUseBlock
+                          ) -> tuple[ToolUseBlock, ToolResultMessage | None, LedgerStatus, AskApproval | None]:
+        """The middleware's ``on_tool_call`` decisions on ``call`` (see :meth:`_policy`)."""
         decided, final, status, ask = call, None, LedgerStatus.APPROVED, None
         decisions = await self.h.chain.tool_decisions(call, self.h.view)
         if decisions and self.h.bus.wants(PolicyDecision):

@@ -1,5 +1,5 @@
-"""PreTurn as a phase object: control events → budgets → the context of the next call → PreTurn
-middleware → ``call_model``.
+"""PreTurn as a phase object: control events → the session's permissions (:mod:`.gate`) → budgets →
+the context of the next call → PreTurn middleware → the tools the permissions allow → ``call_model``.
 
 Budgets are checked in seed 000's order: shutdown (interrupt/cancel, taken first) → iterations →
 wall clock → tokens → cost. A budget stop is PAUSED_BUDGET, resumable with a raised budget.
@@ -11,6 +11,7 @@ from ..types.content import TextBlock, ThinkingBlock
 from ..types.messages import AssistantMessage, ModelStopReason, UserMessage
 from ..types.run import StopReason
 from .controls import Controls
+from .gate import PermissionGate
 from .host import Host
 from .outcome import Move, Outcome, Stop
 from .phases import Trigger
@@ -40,16 +41,19 @@ def budget_exceeded(run: RunState, view: RunView) -> tuple[str, str] | None:
 class PreTurn:
     """The PreTurn phase (see the module doc)."""
 
-    __slots__ = ("h", "controls")
+    __slots__ = ("h", "controls", "gate")
 
     def __init__(self, host: Host, controls: Controls) -> None:
         self.h = host
         self.controls = controls
+        self.gate = PermissionGate(host)
 
     async def run(self) -> Outcome:
         h = self.h
         ctx, run = h.view, h.run_state
         stopped = await self.controls.at_pre_turn()
+        if stopped is None:  # the session's permissions: narrowed, a request decided or waiting
+            stopped = await self.gate.at_pre_turn()
         if stopped is not None:
             return stopped
         hit = budget_exceeded(run, ctx)
@@ -62,6 +66,7 @@ class PreTurn:
         settings.tools_enabled = True
         settings.max_output_tokens = run.max_output_override
         await h.chain.pre_turn(ctx)
+        self.gate.offer()  # only the tools the session may call, whatever a plugin chose
         return Move(Trigger.CALL_MODEL, f"turn {run.turn + 1}: context of {len(ctx.messages)} messages built")
 
     def _no_prefill(self) -> None:

@@ -21,6 +21,7 @@ from typing import Any
 from attrs import define, field
 
 from ..control import Decision
+from ..permissions import PermissionRequest, Permissions
 from ..types.content import ToolUseBlock
 from ..types.messages import ToolResultMessage, Usage
 from ..types.plan import Plan
@@ -82,3 +83,10 @@ class RunState:
     plan: Plan | None = None
     """The run's plan (PlanAct), or ``None`` when no plugin made one; written only through
     ``ctx.update_plan``. Checkpoints older than this field load with ``None``."""
+    permissions: Permissions | None = None
+    """The session's permissions (tools and argument scopes), checked by the engine at PreTurn and
+    for every tool call; ``None``: no limit (every tool; sessions made before permissions existed
+    load with ``None``). Only a person changes them: narrowed by a ``Restrict`` control, widened
+    by approving a ``RequestPermissions``."""
+    permission_request: PermissionRequest | None = None
+    """A request to widen :attr:`permissions` that waits for a person's decision, or ``None``."""

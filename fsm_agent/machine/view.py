@@ -19,6 +19,7 @@ from ..context import RunConfig, TurnSettings
 from ..errors import ConfigurationError, ContextWriteError, InvalidPlanError
 from ..types.events import PlanUpdated
 from ..types.messages import Message
+from ..permissions import Permissions
 from ..types.plan import Plan
 from .definition import MachineState
 from .phases import Phase, Trigger
@@ -344,6 +345,10 @@ class RunView:
     @property
     def plan(self) -> Plan | None:
         return self._run.plan
+
+    @property
+    def permissions(self) -> Permissions | None:
+        return self._run.permissions
 
     @property
     def config(self) -> RunConfig:

@@ -127,6 +127,12 @@ class ControlKind(str, enum.Enum):
     DECISION = "decision"
     """A wake-up for a run waiting in process (Hang-Wait): a decision was stored for it. Its text is
     the call ids; the decision itself is read from its record (:mod:`fsm_agent.store.decisions`)."""
+    RESTRICT = "restrict"
+    """Narrow the session's permissions; its text is ``{"restriction": {...}, "reason": ...}`` in the
+    permissions file format (:mod:`fsm_agent.permissions`)."""
+    REQUEST_PERMISSIONS = "request_permissions"
+    """Ask to widen the session's permissions (a person approves it); its text is
+    ``{"permissions": {...}, "reason": ...}``."""
 
 
 @frozen

@@ -10,7 +10,8 @@ import attrs
 import orjson
 import pytest
 
-from fsm_agent import Agent, Decision, Middleware, OutputSchema, RunConfig, ScriptedProvider, StopReason, Steer, tool
+from fsm_agent import (Agent, Decision, Middleware, OutputSchema, Permissions, PermissionRequest, RunConfig, Scope,
+                       ScriptedProvider, StopReason, Steer, tool)
 from fsm_agent.control import Decision as _Decision
 from fsm_agent.machine import RunState, TurnSettings
 from fsm_agent.providers import text_response, tool_call_response
@@ -62,6 +63,9 @@ def _non_default(cls: type) -> dict:
                                  PlanNode("b", "deploy", ("a",), check="deployed", status=NodeStatus.RUNNING)),
                      version=2, goal_version=3,
                      history=(Replan(2, ReplanTrigger.FAILED, "a failed", 2, "a", ("c",), ("b",)),)),
+        "permissions": Permissions(["echo", "read_*"], [Scope.of("read_*", "path", under="/srv")]).narrow(
+            Permissions(["echo"]), "narrowed"),
+        "permission_request": PermissionRequest("perm_1", Permissions(["echo", "pay"]), "more"),
     }
 
 
