@@ -308,7 +308,7 @@ def test_an_empty_approve_tools_name_is_a_usage_error(capsys) -> None:
 # -- 9. argparse names the subcommands; an empty trace ---------------------------------------
 @pytest.mark.parametrize("argv, names", [
     (["sessions"], "{list,show}"), (["middleware"], "{list}"),
-    ([], "{run,resume,sessions,control,serve,worker,diagram,decode,middleware}"),
+    ([], "{run,task,resume,sessions,control,serve,worker,diagram,decode,middleware,memory}"),
 ])
 def test_a_missing_subcommand_is_named(capsys, argv, names) -> None:
     with pytest.raises(SystemExit) as exc:

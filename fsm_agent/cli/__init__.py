@@ -45,7 +45,7 @@ from .factory import open_store as open_store  # public before the split
 from .offline import decode_command, diagram_command, middleware_command
 from .output import EXIT_CODES, Printer, report_ended, resume_hint
 from .parser import build_parser
-from .runs import Progress, after_second_interrupt, resume_command, run_command, session_exists
+from .runs import Progress, after_second_interrupt, resume_command, run_command, session_exists, task_command
 from .serve import serve_command
 from .sessions import control_command, sessions_command
 
@@ -72,6 +72,8 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None, err: T
             otel_shutdown = configure_otlp()
         if args.command == "run":
             return asyncio.run(run_command(args, out, err, progress))
+        if args.command == "task":
+            return asyncio.run(task_command(args, out, err, progress))
         if args.command == "resume":
             return asyncio.run(resume_command(args, out, err, progress))
         if args.command == "sessions":

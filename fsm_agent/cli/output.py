@@ -15,7 +15,7 @@ import orjson
 from ..errors import SessionEndedError
 from ..types.run import StopReason
 
-__all__ = ["EXIT_CODES", "Printer", "report", "report_ended", "resume_hint", "stop_lines"]
+__all__ = ["EXIT_CODES", "Printer", "report", "report_ended", "resume_hint", "stop_lines", "task_report"]
 
 EXIT_CODES: dict[StopReason, int] = {
     StopReason.COMPLETED: 0,
@@ -109,6 +109,34 @@ def report(result: Any, args: argparse.Namespace, printer: Printer | None, out: 
     hint = resume_hint(result.session_id, stop.reason, [p[0] for p in pending], stop.budget, stop.error, settings)
     err.write(f"session: {result.session_id}" + (f" (continue with: {hint})" if hint else "") + "\n")
     return EXIT_CODES[stop.reason]
+
+
+def task_report(result: Any, args: argparse.Namespace, printer: Printer | None, out: TextIO, err: TextIO,
+                settings: dict[str, Any] | None = None) -> int:
+    """Print a :class:`~fsm_agent.TaskResult`: its JSON on ``out`` with ``--json``; else on ``err`` the
+    outcome, each check, then the run's stop, usage and session lines (as :func:`report`), and on
+    ``out`` the validated output once the task succeeded (JSON for a task with an output schema, else
+    the answer's text). Returns the stop's exit code, or that of FAILED_TERMINAL for a task that
+    completed without passing its checks."""
+    import io
+
+    code = EXIT_CODES[result.stop.reason]
+    if result.stop.reason is StopReason.COMPLETED and not result.ok:
+        code = EXIT_CODES[StopReason.FAILED_TERMINAL]
+    if args.json:
+        out.write(orjson.dumps(result.to_json(), option=orjson.OPT_INDENT_2).decode() + "\n")
+        return code
+    if printer is not None and printer.open_line:
+        err.write("\n")
+        printer.open_line = False
+    err.write(f"task: {result.outcome.value} — {result.detail}\n")
+    for c in result.checks:
+        err.write(f"check {'passed' if c.ok else 'FAILED'}: {c.name}" + (f" ({c.reason})" if c.reason else "") + "\n")
+    report(result.run, argparse.Namespace(**{**vars(args), "json": False}), None, io.StringIO(), err, settings)
+    if result.ok:
+        output = result.output
+        out.write((output if isinstance(output, str) else orjson.dumps(output).decode()) + "\n")
+    return code
 
 
 def stop_lines(reason: StopReason, detail: str, error: dict[str, Any] | None,

@@ -96,9 +96,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="fsm-agent", description="Run LLM agents as an explicit state machine.")
     p.add_argument("--version", action="version", version=f"fsm-agent {__version__}")
     sub = p.add_subparsers(dest="command", required=True,  # the metavar: a missing command names them all
-                           metavar="{run,resume,sessions,control,serve,worker,diagram,decode,middleware,memory}")
+                           metavar="{run,task,resume,sessions,control,serve,worker,diagram,decode,middleware,"
+                                   "memory}")
     common, store, otel = common_flags(), store_flag(), otel_flag()
     _add_run(sub, [common, store, otel])
+    _add_task(sub, [common, store, otel])
     _add_resume(sub, [common, store, otel])
     _add_sessions(sub, [common, store])
     _add_control(sub, [common, store])
@@ -150,8 +152,32 @@ def agent_flags() -> argparse.ArgumentParser:
     return r
 
 
+def permission_flags() -> argparse.ArgumentParser:
+    """The parent parser of the new session's permissions (``run``, ``task``): a permissions file and
+    ``--allow-tools`` (each narrows the other; docs/permissions.md)."""
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--permissions", metavar="FILE",
+                   help="the session's permissions: the tools it may call and argument scopes (paths, hosts, "
+                        "amounts), TOML or JSON; checked by the engine for every call (docs/permissions.md)")
+    p.add_argument("--allow-tools", type=_names, action="extend", default=None, metavar="NAME[,NAME...]",
+                   help="the only tools the session may call (names or glob patterns, comma-separated; repeatable)")
+    return p
+
+
+def _add_task(sub: Any, parents: _Parents) -> None:
+    t = sub.add_parser("task", parents=[*parents, agent_flags(), permission_flags()],
+                       help="run a task file (goal, inputs, constraints, tools, budget, output schema, acceptance "
+                            "checks) to a task result")
+    t.add_argument("file", metavar="FILE.toml|FILE.json", help="the task definition (docs/tasks.md)")
+    t.add_argument("--max-output-tokens", type=int, help="max tokens of each model answer")
+    t.add_argument("--no-stream", action="store_true", help="do not stream model answers")
+    t.add_argument("--session-id", help="id for the new session (default: random)")
+    t.add_argument("--json", action="store_true", help="print the task result as JSON on stdout")
+    t.add_argument("-v", "--verbose", action="store_true", help="show every state transition on stderr")
+
+
 def _add_run(sub: Any, parents: _Parents) -> None:
-    r = sub.add_parser("run", parents=[*parents, agent_flags()], help="run one task to a stop reason")
+    r = sub.add_parser("run", parents=[*parents, agent_flags(), permission_flags()], help="run one task to a stop reason")
     r.add_argument("task", help="what the agent should do")
     r.add_argument("--max-iterations", type=int, default=50, help="model calls per run (default 50)")
     r.add_argument("--timeout", type=float, default=600.0, help="wall-clock budget in seconds (default 600)")
@@ -207,8 +233,11 @@ def _add_sessions(sub: Any, parents: _Parents) -> None:
 def _add_control(sub: Any, parents: _Parents) -> None:
     c = sub.add_parser("control", parents=parents, help="send a control event to a session (from any process)")
     c.add_argument("session_id")
-    c.add_argument("kind", choices=["interrupt", "cancel", "steer", "followup"])
-    c.add_argument("text", nargs="?", default="", help="the new direction (steer) or request (followup)")
+    c.add_argument("kind", choices=["interrupt", "cancel", "steer", "followup", "restrict", "request_permissions"])
+    c.add_argument("text", nargs="?", default="",
+                   help="the new direction (steer) or request (followup); for restrict and request_permissions, "
+                        "permissions as JSON or a TOML/JSON file's path (docs/permissions.md)")
+    c.add_argument("--reason", default="", help="restrict, request_permissions: why (logged, shown to the approver)")
 
 
 def _add_diagram(sub: Any, parents: _Parents) -> None:
@@ -253,6 +282,10 @@ def _add_serve(sub: Any, parents: _Parents) -> None:
     sv.add_argument("--tokens", metavar="FILE",
                     help="bearer tokens, one TENANT:TOKEN per line ($FSM_AGENT_TOKENS_FILE, or "
                          "$FSM_AGENT_TOKENS=tenant:token,...); without tokens only loopback is served")
+    sv.add_argument("--tenant-permissions", metavar="FILE",
+                    help="each tenant's default session permissions: a TOML/JSON table per tenant name "
+                         "(`default` without --tokens), in the permissions format (docs/permissions.md); a "
+                         "request's own permissions narrow them")
     sv.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
                     help="allow cross-origin calls from this origin (repeatable; default: CORS off)")
     sv.add_argument("--local-runs", action="store_true",

@@ -22,9 +22,10 @@ import orjson
 from ..errors import ConfigurationError
 from ..types.run import StopReason
 from .factory import AgentFactory, checked_store, local_model, open_store, settings_of
-from .output import EXIT_CODES, Printer, report, resume_hint, stop_lines
+from .output import EXIT_CODES, Printer, report, resume_hint, stop_lines, task_report
 
-__all__ = ["Progress", "after_second_interrupt", "resume_command", "run_command", "session_exists"]
+__all__ = ["Progress", "after_second_interrupt", "permissions_of", "resume_command", "run_command", "session_exists",
+           "task_command"]
 
 _BUDGETS = {"iterations": ("max_iterations", int), "wall_clock": ("max_wall_clock", float),
             "tokens": ("max_tokens", int), "cost": ("max_cost_usd", float)}
@@ -51,6 +52,26 @@ def _positive(option: str, value: float | None, *, whole: bool = False) -> None:
         raise ConfigurationError(f"{option} must be {what}, not {value:g}")
 
 
+def permissions_of(args: argparse.Namespace) -> Any:
+    """The new session's permissions from ``--permissions FILE`` and ``--allow-tools`` (each narrows the
+    other), or ``None`` when neither is given.
+
+    Raises:
+        PermissionsError: the file cannot be read or holds invalid permissions.
+    """
+    from ..permissions import Permissions, allowed_tools_permissions
+
+    path = getattr(args, "permissions", None)
+    perms = Permissions.from_file(path) if path else None
+    return allowed_tools_permissions(getattr(args, "allow_tools", None), perms)
+
+
+def _no_temporal_permissions(args: argparse.Namespace, permissions: Any, what: str) -> None:
+    if permissions is not None:
+        raise ConfigurationError(f"{what} on Temporal takes its permissions from the workers' agent: leave out "
+                                 "--permissions and --allow-tools with --temporal")
+
+
 # -- run ----------------------------------------------------------------------------------------
 async def run_command(args: argparse.Namespace, out: TextIO, err: TextIO, progress: Progress | None = None) -> int:
     """``fsm-agent run TASK``: returns the exit code of the run's stop reason (2: the id is taken).
@@ -68,9 +89,11 @@ async def run_command(args: argparse.Namespace, out: TextIO, err: TextIO, progre
     _positive("--timeout", args.timeout)
     _positive("--max-tokens", args.max_tokens, whole=True)
     _positive("--max-output-tokens", args.max_output_tokens, whole=True)
+    permissions = permissions_of(args)  # a bad file is found before anything starts
     from .temporal import target_of, temporal_run
 
     if target_of(args):  # the session runs on Temporal: the workers' agent, the same lines
+        _no_temporal_permissions(args, permissions, "run")
         printer = None if args.json else Printer(out, err, args.verbose)
         result = await temporal_run(args, out, err)
         progress.result, progress.session_id = result, result.session_id
@@ -94,13 +117,67 @@ async def run_command(args: argparse.Namespace, out: TextIO, err: TextIO, progre
             if printer is not None:
                 err.write(f"fsm-agent: session {session_id}\n")
             async with agent.drain_on_signals():  # Ctrl-C / SIGTERM: end INTERRUPTED, resumable at once
-                result = await agent.run(args.task, session_id=session_id, metadata={"cli": settings})
+                result = await agent.run(args.task, session_id=session_id, metadata={"cli": settings},
+                                         permissions=permissions)
             progress.result = result
             if printer is not None:
                 printer.end_line()  # finish the streamed answer before the local server's goodbye
     finally:
         await store.close()
     code = report(result, args, printer, out, err, settings)
+    progress.reported = True
+    return code
+
+
+# -- task ---------------------------------------------------------------------------------------
+async def task_command(args: argparse.Namespace, out: TextIO, err: TextIO, progress: Progress | None = None) -> int:
+    """``fsm-agent task FILE``: run a task file to a task result (docs/tasks.md). The streamed answer
+    and the report go to ``err``; ``out`` gets the validated output once the task succeeded (the
+    task result's JSON with ``--json``). Returns the exit code of the stop (7 for a task that
+    completed without passing its checks; 2: the id is taken).
+
+    Raises:
+        TaskDefinitionError: the file cannot be read or holds an invalid task (every problem listed).
+        ConfigurationError: a bad number, store, tool, plugin, permissions file or local model.
+    """
+    from ..config import RunConfig
+    from ..task import Task
+
+    progress = progress or Progress()
+    task = Task.from_file(args.file)
+    _positive("--max-output-tokens", args.max_output_tokens, whole=True)
+    permissions = permissions_of(args)
+    from .temporal import target_of
+
+    if target_of(args):
+        raise ConfigurationError("fsm-agent task runs in this process; on Temporal, run the task from Python with "
+                                 "Agent(host=...).run_task(Task.from_file(...))")
+    settings = settings_of(args)
+    config = task.config(RunConfig(max_output_tokens=args.max_output_tokens, stream=not args.no_stream))
+    printer = None if args.json else Printer(err, err, args.verbose)  # the answer streams to stderr
+    factory = AgentFactory(settings, args.api_key, err)
+    session_id = args.session_id or uuid.uuid4().hex
+    store = await checked_store(args.store)
+    try:
+        if args.session_id:
+            existing = await store.get_session(session_id)
+            if existing is not None:
+                err.write(f"fsm-agent: {session_exists(session_id, existing.state, existing)}\n")
+                return 2
+        async with factory:
+            agent = factory.agent(store, config, [printer] if printer else [])
+            progress.session_id, progress.printer, progress.settings = session_id, printer, settings
+            if printer is not None:
+                err.write(f"fsm-agent: session {session_id}, task {task.name or task.goal[:60]!r}\n")
+            async with agent.drain_on_signals():
+                result = await agent.run_task(task, session_id=session_id, permissions=permissions,
+                                              metadata={"cli": settings})
+            progress.result = result.run
+            if printer is not None:
+                printer.end_line()
+    finally:
+        await store.close()
+    code = task_report(result, args, printer, out, err, settings)
     progress.reported = True
     return code
 
@@ -384,18 +461,29 @@ async def resume_command(args: argparse.Namespace, out: TextIO, err: TextIO, pro
                                                                args.session_id)}
         loaded = await _check_resume(store, args.session_id, decisions)
         _check_needs(args.session_id, loaded, decisions, limits, args.confirm_cancel)
-        printer = None if args.json else Printer(out, err, args.verbose)
+        task_session = "task_definition" in rec.metadata  # its answer streams to stderr, its output to stdout
+        printer = None if args.json else Printer(err if task_session else out, err, args.verbose)
         async with AgentFactory(settings, args.api_key, err) as factory:
             agent = factory.agent(store, None, [printer] if printer else [])
             progress.session_id, progress.printer, progress.settings = args.session_id, printer, settings
             async with agent.drain_on_signals():
-                result = await agent.resume(args.session_id, decisions=decisions,
-                                            confirm_cancel=args.confirm_cancel, **limits)
+                if task_session:  # resumed as its task, reported as one
+                    tresult = await agent.resume_task(args.session_id, decisions=decisions,
+                                                      confirm_cancel=args.confirm_cancel, **limits)
+                    result = tresult.run
+                else:
+                    tresult = None
+                    result = await agent.resume(args.session_id, decisions=decisions,
+                                                confirm_cancel=args.confirm_cancel, **limits)
             progress.result = result
             if printer is not None:
                 printer.end_line()
     finally:
         await store.close()
+    if tresult is not None:
+        code = task_report(tresult, args, printer, out, err, settings)
+        progress.reported = True
+        return code
     code = report(result, args, printer, out, err, settings)
     progress.reported = True
     return code

@@ -131,6 +131,36 @@ def _turn_line(t: Any) -> str:
     return " ".join(parts[:1]) + " " + "; ".join(parts[1:]) if len(parts) > 1 else parts[0]
 
 
+def _permissions_text(kind: Any, given: str, reason: str) -> str:
+    """The control text of ``restrict`` / ``request_permissions`` from the CLI's TEXT: permissions as
+    JSON, or the path of a TOML/JSON permissions file.
+
+    Raises:
+        ConfigurationError: no TEXT; PermissionsError: invalid permissions.
+    """
+    import json
+    from pathlib import Path
+
+    from ..permissions import Permissions, control_text
+    from ..store.base import ControlKind
+
+    if not given.strip():
+        raise ConfigurationError(f"control {kind.value} needs permissions: JSON such as '{{\"tools\": [\"read_file\"]}}', "
+                                 "or a TOML/JSON file's path (docs/permissions.md)")
+    if given.lstrip().startswith("{"):
+        try:
+            data = json.loads(given)
+        except json.JSONDecodeError as exc:
+            raise ConfigurationError(f"control {kind.value}: the permissions are not valid JSON: {exc}") from None
+        perms = Permissions.from_dict(data, source=f"control {kind.value}")
+    elif Path(given).is_file():
+        perms = Permissions.from_file(given)
+    else:
+        raise ConfigurationError(f"control {kind.value}: {given!r} is neither JSON permissions nor a file")
+    what = "restriction" if kind is ControlKind.RESTRICT else "permissions"
+    return control_text(what, perms, reason)  # type: ignore[arg-type]
+
+
 async def control_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     """``control ID KIND [TEXT]``: store one control request for the session; returns 0.
 
@@ -143,16 +173,21 @@ async def control_command(args: argparse.Namespace, out: TextIO, err: TextIO) ->
     kind = ControlKind(args.kind)
     if kind in (ControlKind.STEER, ControlKind.FOLLOWUP) and not args.text:
         raise ConfigurationError(f"control {kind.value} needs a TEXT")
+    text = args.text or ""
+    if kind in (ControlKind.RESTRICT, ControlKind.REQUEST_PERMISSIONS):
+        text = _permissions_text(kind, text, getattr(args, "reason", "") or "")
     from ..control import Cancel, Followup, Interrupt, Steer
     from .temporal import target_of, temporal_control
 
     if target_of(args):  # a signal to the session's workflow
+        if kind in (ControlKind.RESTRICT, ControlKind.REQUEST_PERMISSIONS):
+            raise ConfigurationError(f"control {kind.value} goes through the session store: leave out --temporal")
         control = {ControlKind.INTERRUPT: Interrupt, ControlKind.CANCEL: Cancel, ControlKind.STEER: Steer,
                    ControlKind.FOLLOWUP: Followup}[kind](args.text or "")
         return await temporal_control(args, control, err)
     store = await checked_store(args.store, create=False)
     try:
-        note = await send_control(store, args.session_id, kind, args.text or "")
+        note = await send_control(store, args.session_id, kind, text)
     finally:
         await store.close()
     err.write(note + "\n")
