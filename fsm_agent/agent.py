@@ -663,6 +663,25 @@ class Agent:
                                                       port=port, **limits)
         return TaskResult.from_run(result, task)
 
+    async def task_result(self, session_id: str, task: Task | None = None) -> TaskResult:
+        """The :class:`~fsm_agent.TaskResult` of a stopped task session, read back from the store
+        (nothing runs). ``task``: the task it ran (default: the definition stored with it).
+
+        Raises:
+            ResumeError: an unknown session, one that is no task session, or one still running.
+        """
+        loaded = await load_session(self.store, session_id)
+        if loaded is None:
+            raise ResumeError(f"unknown session {session_id!r}")
+        rec = loaded.record
+        task = task or stored_task(rec.metadata if isinstance(rec.metadata, dict) else {})
+        if task is None:
+            raise ResumeError(f"session {session_id} is no task session (it holds no task definition)")
+        reason = _terminal(rec.state)
+        if reason is None:
+            raise ResumeError(f"session {session_id} has not stopped yet ({rec.state}): its task has no result")
+        return TaskResult.from_run(_stored_result(loaded, reason), task)
+
     def run_sync(self, task: str | Message | Sequence[Message], **kw: Any) -> RunResult:
         """:meth:`run` from synchronous code (starts and closes an event loop)."""
 

@@ -37,6 +37,8 @@ async def serve_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> i
                                  "configure the agent the command line builds: give --agent or these, not both")
     factory = None if args.agent else AgentFactory(settings_of(args), args.api_key, err)  # bad names fail here
     tenants = Tenants.from_file(args.tokens) if args.tokens else Tenants.from_env()
+    if getattr(args, "tenant_permissions", None):  # each tenant's default session permissions
+        tenants.set_permissions(Tenants.read_permissions(args.tenant_permissions))
     check_bind(args.host, tenants)  # before any model server starts
     a2a = None
     if args.a2a is not None:

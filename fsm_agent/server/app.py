@@ -3,8 +3,10 @@
 Routes (``docs/server.md`` describes each; ``GET /openapi.json`` serves the OpenAPI document).
 JSON in and out; every error is an RFC 9457 problem document (``application/problem+json``):
 
-* ``POST /sessions`` ``{"task", "session_id"?}``: create a session (state ``QUEUED``) and start its
-  first run; 201 + ``Location``.
+* ``POST /sessions`` ``{"task", "session_id"?, "permissions"?}``: create a session (state ``QUEUED``)
+  and start its first run; 201 + ``Location``. ``task`` is a message, or a task definition (an
+  object: task mode, docs/tasks.md). The session's permissions are the tenant's default narrowed
+  by ``permissions`` and a task's own (docs/permissions.md).
 * ``POST /sessions/{sid}/runs`` ``{"task"?, "limits"?, "confirm_cancel"?}``: start a run in the
   background (a new session with ``task`` when ``sid`` is unknown, else a resume); 202 + ``Location``.
 * ``POST /sessions/{sid}/runs/stream``: the same, answered with the event stream from that point
@@ -14,7 +16,9 @@ JSON in and out; every error is an RFC 9457 problem document (``application/prob
   deltas (``event: delta``) are live only: no id, never stored. Closes after a ``run_stopped``
   that is the last event of the log while no run of the session is queued or running.
 * ``GET /sessions/{sid}``: the snapshot; ``GET /sessions?state=…&limit=…``: the tenant's sessions.
-* ``POST /sessions/{sid}/control`` ``{"kind": "interrupt"|"cancel"|"steer"|"followup", "text"?}``.
+* ``POST /sessions/{sid}/control`` ``{"kind": "interrupt"|"cancel"|"steer"|"followup", "text"?}``, or
+  ``{"kind": "restrict", "restriction": {...}}`` / ``{"kind": "request_permissions", "permissions": {...}}``
+  (``"reason"?``): narrow the session's permissions, or ask a person to widen them.
 * ``POST /sessions/{sid}/approvals/{call_id}`` ``{"decision": "approve"|"edit"|"reject"|"respond",
   "arguments"?, "message"?, "is_error"?}``: through the one writer of decisions
   (:func:`fsm_agent.store.decisions.write_decision`); idempotent (a repeat returns the first
@@ -46,11 +50,14 @@ from aiohttp import web
 from ..agent import Agent
 from ..control import Decision
 from ..diagrams import latest_plan, render_machine, render_plan
-from ..errors import ConfigurationError, DecisionRefused, ResumeError, SessionExistsError
+from ..errors import ConfigurationError, DecisionRefused, PermissionsError, ResumeError, SessionExistsError, \
+    TaskDefinitionError
 from ..hooks import HookBus
 from ..store.base import QUEUED, ControlKind, SessionRecord, Store
 from ..store.decisions import DECISION_KINDS, read_decisions, write_decision
+from ..permissions import PERMISSIONS_METADATA_KEY, Permissions, control_text
 from ..store.sessions import send_control
+from ..task import TASK_DEFINITION_KEY, Task
 from ..types.codec import unstructure
 from ..machine.phases import Phase
 from ..types.run import StopReason
@@ -78,7 +85,8 @@ TENANTS_KEY = web.AppKey("fsm_tenants", Tenants)
 TENANT = web.RequestKey("fsm_tenant", str)
 """The request's tenant (set by the auth middleware; ``""`` on public routes)."""
 
-_CONTROL_KINDS = {"interrupt": ControlKind.INTERRUPT, "cancel": ControlKind.CANCEL, "steer": ControlKind.STEER,
+_CONTROL_KINDS = {"restrict": ControlKind.RESTRICT, "request_permissions": ControlKind.REQUEST_PERMISSIONS,
+                  "interrupt": ControlKind.INTERRUPT, "cancel": ControlKind.CANCEL, "steer": ControlKind.STEER,
                   "followup": ControlKind.FOLLOWUP}
 _DECISION_KINDS = DECISION_KINDS
 _RESUMABLE = {r.value for r in StopReason if r.resumable}
@@ -133,6 +141,35 @@ def _trace_context(request: web.Request) -> dict[str, str] | None:
         return None
     state = request.headers.get("tracestate", "").strip()
     return {"traceparent": parent, **({"tracestate": state} if state and len(state) <= 512 else {})}
+
+
+def _permissions(raw: Any, field: str) -> Permissions:
+    """Permissions in the file format from a request's field.
+
+    Raises:
+        Problem: 400 listing every problem.
+    """
+    try:
+        return Permissions.from_dict(raw, source=f"'{field}'")
+    except PermissionsError as e:
+        raise Problem(400, "Wrong field", "; ".join(e.problems)) from e
+
+
+def _task_definition(raw: dict[str, Any]) -> Task:
+    """A task definition from a request's ``task`` object (task mode; docs/tasks.md). A client may not
+    name code for the server to run: a ``python`` check is refused.
+
+    Raises:
+        Problem: 400 listing every problem.
+    """
+    checks = raw.get("check")
+    if isinstance(checks, list) and any(isinstance(c, dict) and "python" in c for c in checks):
+        raise Problem(400, "Wrong field", "'task': a check over HTTP cannot name Python code (python = ...); use "
+                                          "value checks and graded criteria, or run such a task from Python")
+    try:
+        return Task.from_dict(raw, source="'task'")
+    except TaskDefinitionError as e:
+        raise Problem(400, "Wrong field", "; ".join(e.problems)) from e
 
 
 def _exists(sid: str) -> Problem:
@@ -249,11 +286,22 @@ class _Server:
             raise Problem(404, "Unknown session", f"no session {sid!r}")
         return rec
 
-    async def create(self, request: web.Request, sid: str | None, task: str) -> SessionRecord:
+    async def create(self, request: web.Request, sid: str | None, task: str, definition: Task | None = None,
+                     permissions: Permissions | None = None) -> SessionRecord:
         sid = _check_new_sid(sid) if sid is not None else uuid.uuid4().hex
         trace = _trace_context(request)
-        rec = SessionRecord(sid, QUEUED, goal=task[:2000], metadata={"tenant": request[TENANT], "task": task,
-                                                                    **({"otel_parent": trace} if trace else {})})
+        meta: dict[str, Any] = {"tenant": request[TENANT], "task": task,
+                                **({"otel_parent": trace} if trace else {})}
+        tenant_default = self.tenants.permissions_for(request[TENANT])
+        if tenant_default is not None and permissions is not None:
+            permissions = tenant_default.narrow(permissions, "the request's permissions")
+        permissions = permissions if permissions is not None else tenant_default
+        if permissions is not None:
+            meta[PERMISSIONS_METADATA_KEY] = permissions.to_dict()
+        if definition is not None:
+            meta[TASK_DEFINITION_KEY] = definition.to_dict()
+        goal = definition.goal if definition is not None else task
+        rec = SessionRecord(sid, QUEUED, goal=goal[:2000], metadata=meta)
         try:
             await self.store.create_session(rec)
         except SessionExistsError as e:
@@ -264,10 +312,12 @@ class _Server:
 
     async def create_session(self, request: web.Request) -> web.Response:
         data = await json_body(request)
-        check_fields(data, {"task", "session_id"})
-        task = opt_str(data, "task", required=True)
+        check_fields(data, {"task", "session_id", "permissions"})
+        definition = _task_definition(data.get("task")) if isinstance(data.get("task"), dict) else None
+        task = definition.prompt() if definition is not None else opt_str(data, "task", required=True)
         assert task is not None
-        rec = await self.create(request, opt_str(data, "session_id", max_len=200), task)
+        permissions = _permissions(data.get("permissions"), "permissions") if "permissions" in data else None
+        rec = await self.create(request, opt_str(data, "session_id", max_len=200), task, definition, permissions)
         return json_response(await self.snapshot(rec), 201, {"Location": f"/sessions/{rec.session_id}"})
 
     async def _start_run(self, request: web.Request) -> tuple[str, int]:
@@ -338,6 +388,8 @@ class _Server:
             "last_seq": rec.last_seq, "running": await self.runner.busy(rec.session_id),
             "created_at": rec.created_at, "updated_at": rec.updated_at}
         if usage:
+            out.update(await self._permissions_and_task(rec))
+        if usage:
             inp = outp = 0
             cost: float | None = 0.0
             for ev in await self.store.read_events(rec.session_id, types=("model_call",)):
@@ -348,6 +400,29 @@ class _Server:
                 cost = None if c is None or cost is None else cost + float(c)
             out["usage"] = {"input_tokens": inp, "output_tokens": outp}
             out["cost_usd"] = cost
+        return out
+
+    async def _permissions_and_task(self, rec: SessionRecord) -> dict[str, Any]:
+        """A single session's snapshot adds ``permissions`` (in force now: its last checkpoint's, else
+        those it was created with; null: no limit) and, for a task session, ``task``:
+        ``{"definition", "result"}`` (the TaskResult once it stopped, else null)."""
+        meta = rec.metadata if isinstance(rec.metadata, dict) else {}
+        perms: Any = meta.get(PERMISSIONS_METADATA_KEY)
+        ck = await self.store.latest_checkpoint(rec.session_id)
+        if ck is not None and isinstance(ck.data, dict) and "permissions" in ck.data:
+            from ..types.codec import structure
+
+            now = ck.data["permissions"]
+            perms = structure(now, Permissions).to_dict() if now is not None else None
+        out: dict[str, Any] = {"permissions": perms}
+        if TASK_DEFINITION_KEY in meta:
+            result = None
+            if rec.state in {r.value for r in StopReason}:
+                try:
+                    result = (await self.agent.task_result(rec.session_id)).to_json()
+                except (ResumeError, ConfigurationError):
+                    result = None
+            out["task"] = {"definition": meta[TASK_DEFINITION_KEY], "result": result}
         return out
 
     async def get_session(self, request: web.Request) -> web.Response:
@@ -410,7 +485,7 @@ class _Server:
         rec = await self.session_of(request)
         sid = rec.session_id
         data = await json_body(request)
-        check_fields(data, {"kind", "text"})
+        check_fields(data, {"kind", "text", "restriction", "permissions", "reason"})
         kind_name = opt_str(data, "kind", required=True)
         if kind_name not in _CONTROL_KINDS:
             raise Problem(400, "Wrong field", f"'kind' must be one of {', '.join(_CONTROL_KINDS)}, not {kind_name!r}")
@@ -418,6 +493,17 @@ class _Server:
         text = opt_str(data, "text") or ""
         if kind in (ControlKind.STEER, ControlKind.FOLLOWUP) and not text:
             raise Problem(400, "Missing field", f"a {kind_name} needs 'text'")
+        field = {ControlKind.RESTRICT: "restriction", ControlKind.REQUEST_PERMISSIONS: "permissions"}.get(kind)
+        for other in ("restriction", "permissions", "reason"):
+            if other in data and (field is None or other not in (field, "reason")):
+                raise Problem(400, "Wrong field", f"'{other}' goes with kind "
+                                                  f"{'restrict' if other == 'restriction' else 'request_permissions'}"
+                                                  + (" (or either, for 'reason')" if other == "reason" else ""))
+        if field is not None:
+            if field not in data:
+                raise Problem(400, "Missing field", f"a {kind_name} needs '{field}': permissions in the file format "
+                                                    "(docs/permissions.md)")
+            text = control_text(field, _permissions(data[field], field), opt_str(data, "reason") or "")  # type: ignore[arg-type]
         value = {"kind": kind_name, "text": text}
         ikey = request.headers.get("Idempotency-Key")
         key = None
@@ -433,7 +519,9 @@ class _Server:
         except ResumeError as e:
             raise Problem(409, "Cannot control", str(e)) from e
         outcome = {"session_id": sid, "kind": kind_name, "status": "queued", "note": note}
-        resumes = rec.state in _RESUMABLE and kind is not ControlKind.INTERRUPT and not await self.runner.busy(sid)
+        # a change of permissions applies when the session runs next; it does not start a run by itself
+        resumes = (rec.state in _RESUMABLE and kind in (ControlKind.CANCEL, ControlKind.STEER, ControlKind.FOLLOWUP)
+                   and not await self.runner.busy(sid))
         if resumes:
             outcome["note"] = f"queued {kind_name} for session {sid}; the session is resumed to apply it"
             await self.runner.submit(RunRequest(sid, "resume"))

@@ -19,6 +19,10 @@
   cookie, unless it carries the header ``X-CSRF-Token`` equal to the ``fsm_csrf`` cookie (double
   submit; a custom header also forces a CORS preflight). The same rules hold without tokens: a
   page on another site cannot drive a loopback server.
+* **Default permissions.** A tenant may have default session permissions
+  (:class:`~fsm_agent.Permissions`; ``Tenants(tokens, permissions={tenant: ...})``, or
+  ``fsm-agent serve --tenant-permissions FILE``): every session the tenant creates gets them, narrowed
+  by the request's own (``POST /sessions`` ``permissions``) and a task's; a request can never widen them.
 * **CORS** is off unless ``cors_origins`` lists origins; then those origins get
   ``Access-Control-Allow-Origin`` (no credentials: cross-origin callers use bearer tokens).
 """
@@ -37,7 +41,8 @@ from pathlib import Path
 
 from aiohttp import web
 
-from ..errors import ConfigurationError
+from ..errors import ConfigurationError, PermissionsError
+from ..permissions import Permissions
 from ..store.base import SessionRecord
 
 __all__ = ["AUTH_COOKIE", "CSRF_COOKIE", "CSRF_HEADER", "DEFAULT_TENANT", "Tenants", "check_bind", "check_same_origin",
@@ -64,13 +69,15 @@ class Tenants:
 
     Args:
         tokens: token -> tenant. Empty: no authentication (one tenant, ``default``; loopback only).
+        permissions: tenant -> the default permissions of the sessions it creates (see the module doc).
 
     Raises:
         ConfigurationError: an empty token or tenant, a token shorter than 16 characters, or a tenant
-            named ``default`` (:data:`DEFAULT_TENANT`, reserved).
+            named ``default`` (:data:`DEFAULT_TENANT`, reserved); permissions for a tenant no token names.
     """
 
-    def __init__(self, tokens: Mapping[str, str] | None = None) -> None:
+    def __init__(self, tokens: Mapping[str, str] | None = None, *,
+                 permissions: Mapping[str, Permissions] | None = None) -> None:
         self.tokens = dict(tokens or {})
         for tok, tenant in self.tokens.items():
             if len(tok) < 16:
@@ -82,9 +89,62 @@ class Tenants:
                 raise ConfigurationError(f"the tenant name {DEFAULT_TENANT!r} is reserved: sessions made outside the "
                                          "server (and a server without tokens) belong to it; give this token's "
                                          "tenant another name")
+        self.permissions: dict[str, Permissions] = {}
+        """Each tenant's default session permissions."""
+        self.set_permissions(permissions or {})
         material = "\n".join(sorted(f"{t}:{k}" for k, t in self.tokens.items())).encode()
         self._key = hashlib.sha256(b"fsm-agent cookie key\n" + material).digest() if self.tokens \
             else secrets.token_bytes(32)
+
+    def set_permissions(self, permissions: Mapping[str, Permissions]) -> None:
+        """Set each tenant's default session permissions.
+
+        Raises:
+            ConfigurationError: a tenant no token names (without tokens, the one tenant is ``default``).
+        """
+        known = set(self.tokens.values()) if self.tokens else {DEFAULT_TENANT}
+        unknown = sorted(set(permissions) - known)
+        if unknown:
+            raise ConfigurationError(f"default permissions for tenant(s) no token names: {', '.join(unknown)} "
+                                     f"(tenants: {', '.join(sorted(known))})")
+        self.permissions = dict(permissions)
+
+    def permissions_for(self, tenant: str) -> Permissions | None:
+        """``tenant``'s default session permissions, or ``None`` (no default)."""
+        return self.permissions.get(tenant)
+
+    @staticmethod
+    def read_permissions(path: str | Path) -> dict[str, Permissions]:
+        """Tenants' default permissions from a TOML file (JSON when the name ends in ``.json``): one table
+        per tenant name, in the permissions format (``[acme]`` ``tools = [...]``, ``[[acme.scope]]`` ...).
+
+        Raises:
+            PermissionsError: the file cannot be read or parsed, or a tenant's permissions are invalid.
+        """
+        import json
+        import tomllib
+
+        source = str(path)
+        try:
+            text = Path(path).read_bytes()
+            data = json.loads(text) if source.endswith(".json") else tomllib.loads(text.decode("utf-8"))
+        except OSError as exc:
+            raise PermissionsError([f"{source}: cannot read the file: {exc.strerror or exc}"]) from exc
+        except (tomllib.TOMLDecodeError, json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise PermissionsError([f"{source}: invalid {'JSON' if source.endswith('.json') else 'TOML'}: {exc}"]
+                                   ) from exc
+        if not isinstance(data, dict):
+            raise PermissionsError([f"{source}: expected one table per tenant"])
+        out: dict[str, Permissions] = {}
+        problems: list[str] = []
+        for tenant, table in data.items():
+            try:
+                out[tenant] = Permissions.from_dict(table, source=f"{source}: tenant {tenant!r}")
+            except PermissionsError as exc:
+                problems.extend(exc.problems)
+        if problems:
+            raise PermissionsError(problems)
+        return out
 
     @property
     def enabled(self) -> bool:

@@ -68,7 +68,27 @@ def openapi_document() -> dict[str, Any]:
                     "type": {"type": "string"}, "title": {"type": "string"}, "status": {"type": "integer"},
                     "detail": {"type": "string"}, "instance": {"type": "string"}}},
                 "NewSession": {"type": "object", "required": ["task"], "additionalProperties": False, "properties": {
-                    "task": {"type": "string", "minLength": 1}, "session_id": {"type": "string", "maxLength": 200}}},
+                    "task": {"oneOf": [{"type": "string", "minLength": 1},
+                                       {"$ref": "#/components/schemas/TaskDefinition"}]},
+                    "session_id": {"type": "string", "maxLength": 200},
+                    "permissions": {"$ref": "#/components/schemas/Permissions"}}},
+                "TaskDefinition": {"type": "object", "required": ["goal"], "description": (
+                    "Task mode (docs/tasks.md): goal, inputs, constraints, allowed_tools, permissions, budget, "
+                    "output_schema, check (value and grader checks; no python over HTTP), max_repairs, "
+                    "on_check_failure, name"), "properties": {
+                    "goal": {"type": "string", "minLength": 1}, "inputs": {"type": "object"},
+                    "constraints": {"type": "array", "items": {"type": "string"}},
+                    "allowed_tools": {"type": "array", "items": {"type": "string"}},
+                    "permissions": {"$ref": "#/components/schemas/Permissions"},
+                    "budget": {"type": "object"}, "output_schema": {"type": "object"},
+                    "check": {"type": "array", "items": {"type": "object"}}, "max_repairs": {"type": "integer"},
+                    "on_check_failure": {"enum": ["fail", "human"]}, "name": {"type": "string"}}},
+                "Permissions": {"type": "object", "description": (
+                    "A session's permissions (docs/permissions.md): tools (glob patterns) and scope (argument "
+                    "conditions: under, host, le ...)"), "properties": {
+                    "tools": {"type": "array", "items": {"type": "string"}},
+                    "scope": {"type": "array", "items": {"type": "object"}},
+                    "restriction": {"type": "array", "items": {"type": "object"}}}},
                 "StartRun": {"type": "object", "additionalProperties": False, "properties": {
                     "task": {"type": "string", "minLength": 1},
                     "limits": {"type": "object", "description": "Raised RunConfig fields for a resume"},
@@ -84,7 +104,11 @@ def openapi_document() -> dict[str, Any]:
                 "SessionList": {"type": "object", "properties": {
                     "sessions": {"type": "array", "items": {"$ref": "#/components/schemas/Snapshot"}}}},
                 "Control": {"type": "object", "required": ["kind"], "additionalProperties": False, "properties": {
-                    "kind": {"enum": ["interrupt", "cancel", "steer", "followup"]}, "text": {"type": "string"}}},
+                    "kind": {"enum": ["interrupt", "cancel", "steer", "followup", "restrict", "request_permissions"]},
+                    "text": {"type": "string"},
+                    "restriction": {"$ref": "#/components/schemas/Permissions"},
+                    "permissions": {"$ref": "#/components/schemas/Permissions"},
+                    "reason": {"type": "string"}}},
                 "Decision": {"type": "object", "required": ["decision"], "additionalProperties": False, "properties": {
                     "decision": {"enum": ["approve", "edit", "reject", "respond"]},
                     "arguments": {"type": "object"}, "message": {"type": "string"}, "is_error": {"type": "boolean"}}},
@@ -139,7 +163,8 @@ def openapi_document() -> dict[str, Any]:
                 "Join the event stream: replay after Last-Event-ID / after, then live", params=(_SID, after, last_id),
                 ok=("200", "text/event-stream; id = log seq; `delta` events are live only (no id)", "sse"))},
             "/sessions/{sid}/control": {"post": _op(
-                "Interrupt, cancel, steer or follow up", params=(_SID, idem), body="Control",
+                "Interrupt, cancel, steer, follow up, restrict or request permissions", params=(_SID, idem),
+                body="Control",
                 ok=("202", "Queued", "Outcome"), errors=("400", "401", "403", "404", "409", "413"))},
             "/sessions/{sid}/approvals/{call_id}": {"post": _op(
                 "Decide a pending tool call (idempotent)", params=(_SID, _CALL), body="Decision",
