@@ -26,9 +26,21 @@ def common_flags() -> argparse.ArgumentParser:
     """The parent parser of the flags every command that reaches a run or its sessions shares
     (``run``, ``resume``, ``serve``, ``worker``, ``control``, ``sessions list|show``, ``diagram``).
 
-    None yet: a flag that all of them take (a durable-execution backend, a tracing exporter) is
-    added here once, and each of those commands has it."""
-    return argparse.ArgumentParser(add_help=False)
+    A flag that all of them take (a durable-execution backend, a tracing exporter) is added here
+    once, and each of those commands has it: ``--temporal`` (with ``--namespace``, ``--task-queue``)."""
+    from .temporal import add_temporal_flags
+
+    p = argparse.ArgumentParser(add_help=False)
+    add_temporal_flags(p)
+    return p
+
+
+def _with_agent(p: argparse.ArgumentParser) -> None:
+    """``--agent MODULE:ATTR`` on a command that runs or reaches sessions on Temporal (the agent the
+    workers serve), unless the command has one of its own already."""
+    if "--agent" not in p._option_string_actions:
+        p.add_argument("--agent", metavar="MODULE:ATTR",
+                       help="with --temporal: the Agent the workers serve (they serve it under this name)")
 
 
 def otel_flag() -> argparse.ArgumentParser:
@@ -178,6 +190,7 @@ def _add_task(sub: Any, parents: _Parents) -> None:
 
 def _add_run(sub: Any, parents: _Parents) -> None:
     r = sub.add_parser("run", parents=[*parents, agent_flags(), permission_flags()], help="run one task to a stop reason")
+    _with_agent(r)
     r.add_argument("task", help="what the agent should do")
     r.add_argument("--max-iterations", type=int, default=50, help="model calls per run (default 50)")
     r.add_argument("--timeout", type=float, default=600.0, help="wall-clock budget in seconds (default 600)")
@@ -191,6 +204,7 @@ def _add_run(sub: Any, parents: _Parents) -> None:
 
 def _add_resume(sub: Any, parents: _Parents) -> None:
     rs = sub.add_parser("resume", parents=parents, help="continue a stopped session")
+    _with_agent(rs)
     rs.add_argument("session_id")
     rs.add_argument("--approve", action="append", default=[], metavar="CALL", help="approve a pending tool call")
     rs.add_argument("--reject", action="append", default=[], metavar="CALL", help="reject a pending tool call")
@@ -232,6 +246,7 @@ def _add_sessions(sub: Any, parents: _Parents) -> None:
 
 def _add_control(sub: Any, parents: _Parents) -> None:
     c = sub.add_parser("control", parents=parents, help="send a control event to a session (from any process)")
+    _with_agent(c)
     c.add_argument("session_id")
     c.add_argument("kind", choices=["interrupt", "cancel", "steer", "followup", "restrict", "request_permissions"])
     c.add_argument("text", nargs="?", default="",
