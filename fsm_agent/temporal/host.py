@@ -21,7 +21,7 @@ from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError
 
 from ..config import RunConfig
-from ..control import Cancel, Decision, Followup, Interrupt, LoopControl, Steer
+from ..control import Cancel, Decision, Followup, Interrupt, LoopControl, RequestPermissions, Restrict, Steer
 from ..errors import ResumeError, SessionBusyError, SessionExistsError
 from ..store.base import QUEUED, Store
 from ..store.decisions import DecisionOutcome
@@ -161,13 +161,21 @@ class TemporalHost:
 
     # -- controls, decisions, snapshot ----------------------------------------------------------------
     async def control(self, session_id: str, control: LoopControl) -> None:
-        """Interrupt, Cancel, Steer or Followup, as a signal to the session's workflow.
+        """Interrupt, Cancel, Steer, Followup, Restrict or RequestPermissions, as a signal to the session's
+        workflow.
 
         Raises:
             ResumeError: no workflow of the session is open.
         """
-        kind = {Steer: "steer", Followup: "followup", Interrupt: "interrupt", Cancel: "cancel"}[type(control)]
-        text = str(getattr(control, "text", None) or getattr(control, "reason", ""))
+        from ..permissions import control_text
+
+        if isinstance(control, Restrict):
+            kind, text = "restrict", control_text("restriction", control.restriction, control.reason)
+        elif isinstance(control, RequestPermissions):
+            kind, text = "request_permissions", control_text("permissions", control.permissions, control.reason)
+        else:
+            kind = {Steer: "steer", Followup: "followup", Interrupt: "interrupt", Cancel: "cancel"}[type(control)]
+            text = str(getattr(control, "text", None) or getattr(control, "reason", ""))
         handle = self.handle(session_id)
         if not await self._open(handle):
             raise ResumeError(f"session {session_id} has no open workflow: it ended, or never started")

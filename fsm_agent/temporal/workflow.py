@@ -57,7 +57,8 @@ __all__ = ["CONTINUE_AS_NEW_TEXT", "SessionWorkflow"]
 CONTINUE_AS_NEW_TEXT = "continuing as a new workflow run (the history is long)"
 """The text of the Interrupt a workflow sends itself before it continues as new."""
 
-_KINDS = {"interrupt": ControlKind.INTERRUPT, "cancel": ControlKind.CANCEL, "steer": ControlKind.STEER,
+_KINDS = {"restrict": ControlKind.RESTRICT, "request_permissions": ControlKind.REQUEST_PERMISSIONS,
+          "interrupt": ControlKind.INTERRUPT, "cancel": ControlKind.CANCEL, "steer": ControlKind.STEER,
           "followup": ControlKind.FOLLOWUP}
 
 
@@ -229,8 +230,9 @@ class SessionWorkflow:
 
     @workflow.signal(name="control")
     def control(self, kind: str, text: str = "") -> None:
-        """Interrupt, Cancel, Steer or Followup. A Cancel, Steer or Followup sent while the run waits
-        resumes it, so that it applies (an Interrupt of a stopped run changes nothing)."""
+        """Interrupt, Cancel, Steer, Followup, Restrict or RequestPermissions. A Cancel, Steer or Followup
+        sent while the run waits resumes it, so that it applies (an Interrupt of a stopped run changes
+        nothing); a change of permissions waits for the next resume."""
         port = self.port
         k = _KINDS.get(kind)
         if port is None or k is None:
@@ -240,7 +242,7 @@ class SessionWorkflow:
             port.control_arrived(record)
         elif self.waiting and k is not ControlKind.INTERRUPT:
             port.store.controls.append(record)
-            if not self.requests:
+            if not self.requests and k not in (ControlKind.RESTRICT, ControlKind.REQUEST_PERMISSIONS):
                 self.requests.append({"op": "resume"})
 
     @workflow.query(name="snapshot")
