@@ -195,6 +195,10 @@ def _scopes_to(values: Any) -> tuple[Scope, ...]:
     return tuple(values)
 
 
+def _restrictions_to(values: Any) -> tuple[Restriction, ...]:
+    return tuple(values)
+
+
 @frozen
 class Restriction:
     """A narrowing of a session's permissions (a person's :class:`~fsm_agent.control.Restrict`): a
@@ -228,7 +232,7 @@ class Permissions:
 
     tools: tuple[str, ...] | None = field(default=None, converter=_opt_globs)
     scopes: tuple[Scope, ...] = field(default=(), converter=_scopes_to)
-    restrictions: tuple[Restriction, ...] = field(default=(), converter=tuple)
+    restrictions: tuple[Restriction, ...] = field(default=(), converter=_restrictions_to)
 
     def check(self, tool: str, arguments: Mapping[str, Any]) -> PermissionDenial | None:
         """``None`` when a call of ``tool`` with ``arguments`` is permitted; else the first permission
@@ -255,6 +259,7 @@ class Permissions:
         """These permissions, narrowed: a call must also keep to ``restriction`` (a
         :class:`Restriction`, or :class:`Permissions` whose tools and scopes become one, and whose own
         restrictions are kept too). Never wider than ``self``."""
+        more: tuple[Restriction, ...]
         if isinstance(restriction, Permissions):
             more = (Restriction(restriction.tools, restriction.scopes, reason), *restriction.restrictions)
         else:

@@ -313,6 +313,12 @@ class AcceptanceCheck:
         return out
 
 
+def _tool_globs(value: Any) -> tuple[str, ...] | None:
+    if value is None:
+        return None
+    return (value,) if isinstance(value, str) else tuple(value)
+
+
 @frozen
 class Task:
     """A task definition (see the module doc for each part and the file format).
@@ -327,8 +333,7 @@ class Task:
     """Named inputs (JSON values), given to the model as a JSON object."""
     constraints: tuple[str, ...] = field(default=(), converter=tuple)
     """Rules the work must keep to, given to the model."""
-    allowed_tools: tuple[str, ...] | None = field(default=None, converter=lambda v: None if v is None else
-                                                  ((v,) if isinstance(v, str) else tuple(v)))
+    allowed_tools: tuple[str, ...] | None = field(default=None, converter=_tool_globs)
     """Glob patterns of the tools the task may call (its session's permissions); ``None``: the agent's."""
     permissions: Permissions | None = None
     """Finer permissions (argument scopes); narrowed by :attr:`allowed_tools`."""

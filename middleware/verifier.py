@@ -375,13 +375,10 @@ class Verifier(Middleware):
         :class:`TaskChecks` as its check, ``task.max_repairs`` feedback rounds, then the task's
         ``on_check_failure``; named ``task_checks`` (so it can sit beside a verifier of your own),
         and it cannot share a chain with ``planact``, which completes runs by its own checks."""
-        verifier = cls(TaskChecks(task, provider), max_rejections=task.max_repairs, on_exhausted=task.on_check_failure,
-                       feedback_template="Your answer did not pass the task's acceptance checks: {feedback}\n"
-                                         "Fix it and answer again.", name="task_checks")
-        verifier.ordering = Ordering(conflicts={"planact": "PlanAct completes a run when its plan's nodes pass its "
-                                                           "checks; give a task run by PlanAct no acceptance checks "
-                                                           "(put them in PlanAct(check=...))"})
-        return verifier
+        return _TaskVerifier(TaskChecks(task, provider), max_rejections=task.max_repairs,
+                             on_exhausted=task.on_check_failure,
+                             feedback_template="Your answer did not pass the task's acceptance checks: {feedback}\n"
+                                               "Fix it and answer again.")
 
     # the base hook is typed sync; the chain awaits an async override (checked when the chain is built)
     async def post_turn(self, ctx: RunContext) -> Complete | Continue | None:  # type: ignore[override]
@@ -420,3 +417,12 @@ class Verifier(Middleware):
         message = UserMessage(self.feedback_template.format(feedback=verdict.feedback or "no reason given"))
         return Continue(message=message,
                         reason=f"verifier rejected the answer ({rejections + 1} of {self.max_rejections})")
+
+
+class _TaskVerifier(Verifier):
+    """The verifier of a task's checks (:meth:`Verifier.for_task`)."""
+
+    name = "task_checks"
+    ordering = Ordering(conflicts={"planact": "PlanAct completes a run when its plan's nodes pass its checks; give a "
+                                              "task run by PlanAct no acceptance checks (put them in "
+                                              "PlanAct(check=...))"})

@@ -277,3 +277,12 @@ async def test_a_task_run_replays_exactly() -> None:
     replayed = await replaying.run_task(task, session_id="rt", port=recording.replay)
     recording.check()
     assert replayed == recorded and replayed.ok
+
+
+async def test_checks_cannot_share_a_chain_with_planact() -> None:
+    from fsm_agent import ChainError
+    from fsm_agent_middleware.planact import PlanAct
+
+    agent = Agent(ScriptedProvider(["x"]), middleware=[PlanAct()])
+    with pytest.raises(ChainError, match="PlanAct completes a run"):
+        await agent.run_task(city_task(allowed_tools=None))

@@ -313,7 +313,8 @@ class _Server:
     async def create_session(self, request: web.Request) -> web.Response:
         data = await json_body(request)
         check_fields(data, {"task", "session_id", "permissions"})
-        definition = _task_definition(data.get("task")) if isinstance(data.get("task"), dict) else None
+        raw = data.get("task")
+        definition = _task_definition(raw) if isinstance(raw, dict) else None
         task = definition.prompt() if definition is not None else opt_str(data, "task", required=True)
         assert task is not None
         permissions = _permissions(data.get("permissions"), "permissions") if "permissions" in data else None
