@@ -114,7 +114,7 @@ def build() -> Agent:
 if __name__ == "__main__":
     import argparse
 
-    from fsm_agent.server.worker import add_worker_command
+    from fsm_agent.cli.worker import add_worker_command
 
     dsn, DIR_ARG, *rest = sys.argv[1:]
     os.environ["PG_WORKER_DIR"] = DIR_ARG

@@ -120,7 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_decode(sub)
     _add_serve(sub, [common, store, otel])
 
-    from ..server.worker import add_worker_command
+    from .worker import add_worker_command
 
     add_worker_command(sub, parents=[common, otel])
     _add_middleware(sub)

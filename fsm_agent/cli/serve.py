@@ -27,7 +27,7 @@ async def serve_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> i
     """
     from ..server.auth import Tenants, check_bind
     from ..server.serve import serve
-    from ..server.worker import load_agent
+    from .agent_ref import load_agent
 
     if not 0 <= args.port <= 65535:
         raise ConfigurationError(f"--port {args.port}: give 0 (any free port) to 65535")

@@ -61,7 +61,7 @@ async def connect(args: argparse.Namespace) -> Any:
 
 
 def _agent(args: argparse.Namespace) -> Any:
-    from ..server.worker import load_agent
+    from .agent_ref import load_agent
 
     if not getattr(args, "agent", None):
         raise ConfigurationError("--temporal needs --agent MODULE:ATTR (the agent the workers serve)")

@@ -130,4 +130,6 @@ def configure_otlp(*, service_name: str = "fsm-agent") -> Any:
     except ImportError as exc:
         raise ConfigurationError(f"the OTLP exporter is not installed ({exc}); install the extra: "
                                  "pip install 'fsm-agent[otel]'") from exc
-    return configure(service_name=service_name)
+    tracer_provider, meter_provider, shutdown = configure(service_name=service_name)
+    instrument(tracer_provider=tracer_provider, meter_provider=meter_provider)
+    return shutdown

@@ -17,12 +17,10 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor
 __all__ = ["configure"]
 
 
-def configure(*, service_name: str = "fsm-agent") -> Callable[[], None]:
+def configure(*, service_name: str = "fsm-agent") -> tuple[TracerProvider, MeterProvider, Callable[[], None]]:
     """Global providers exporting over OTLP/HTTP (batched spans, periodic metrics), as the ``OTEL_*``
-    variables configure the exporters, processor and reader; then :func:`fsm_agent.otel.instrument`.
-    Returns ``shutdown()``: flush and stop both providers."""
-    from . import instrument
-
+    variables configure the exporters, processor and reader. Returns the tracer provider, the meter
+    provider and ``shutdown()``: flush and stop both providers."""
     named = os.environ.get("OTEL_SERVICE_NAME") or "service.name=" in os.environ.get("OTEL_RESOURCE_ATTRIBUTES", "")
     resource = Resource.create({} if named else {"service.name": service_name})
     tracer_provider = TracerProvider(resource=resource)
@@ -30,10 +28,9 @@ def configure(*, service_name: str = "fsm-agent") -> Callable[[], None]:
     meter_provider = MeterProvider(resource=resource, metric_readers=[PeriodicExportingMetricReader(OTLPMetricExporter())])
     trace.set_tracer_provider(tracer_provider)
     metrics.set_meter_provider(meter_provider)
-    instrument(tracer_provider=tracer_provider, meter_provider=meter_provider)
 
     def shutdown() -> None:
         tracer_provider.shutdown()
         meter_provider.shutdown()
 
-    return shutdown
+    return tracer_provider, meter_provider, shutdown

@@ -3,7 +3,8 @@
     worker = Worker(agent, PostgresStore("postgresql://…"), concurrency=4)
     await worker.run_forever()          # until worker.stop()
 
-or from a shell: ``fsm-agent worker --store postgresql://… --agent myapp.agents:support``.
+or from a shell: ``fsm-agent worker --store postgresql://… --agent myapp.agents:support``
+(:mod:`fsm_agent.cli.worker`).
 
 Each claim takes a job of the ``run_queue`` table with ``SELECT … FOR UPDATE SKIP LOCKED``, so
 two workers never claim the same job; the claim lasts the agent's ``lease_ttl`` seconds and is
@@ -43,7 +44,7 @@ from ..types.run import RunResult, StopReason
 from .queue import PgListener, PgLiveDeltas, postgres_of
 from .runs import Busy, RunRequest, drain_tasks, execute
 
-__all__ = ["STOP_REASON", "Worker", "add_worker_command", "load_agent", "worker_command"]
+__all__ = ["STOP_REASON", "Worker"]
 
 log = logging.getLogger("fsm_agent.server")
 
@@ -294,100 +295,3 @@ class Worker:
 def _cut_by_stop(result: RunResult | None) -> bool:
     return (result is not None and result.stop.reason is StopReason.INTERRUPTED
             and STOP_REASON in (result.stop.detail or ""))
-
-
-# -- command line -----------------------------------------------------------------------------
-def load_agent(spec: str) -> Agent:
-    """The Agent at ``module:attribute``: an Agent, or a callable returning one (called with no
-    arguments). The working directory is importable, as with ``python -m``.
-
-    Raises:
-        ConfigurationError: no ``:``, the module or attribute is missing, or it is not an Agent.
-    """
-    if "" not in sys.path and "." not in sys.path:
-        sys.path.insert(0, "")
-    module_name, _, attr = spec.partition(":")
-    if not module_name or not attr:
-        raise ConfigurationError(f"--agent {spec!r}: use MODULE:ATTRIBUTE, e.g. myapp.agents:support_agent")
-    try:
-        obj: Any = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
-        raise ConfigurationError(f"--agent {spec!r}: {exc}") from exc
-    if callable(obj) and not isinstance(obj, Agent):
-        obj = obj()
-    if not isinstance(obj, Agent):
-        raise ConfigurationError(f"--agent {spec!r} is not an fsm_agent Agent (got {type(obj).__name__})")
-    return obj
-
-
-def add_worker_command(subparsers: Any, parents: Sequence[argparse.ArgumentParser] = ()) -> argparse.ArgumentParser:
-    """Add ``worker`` to the ``fsm-agent`` subcommands; its handler is ``args.handler(args, out, err)``.
-
-    ``parents``: parent parsers (``add_help=False``) whose flags ``worker`` shares with other commands."""
-    w = subparsers.add_parser("worker", parents=list(parents),
-                              help="carry out queued runs (PostgreSQL) until SIGTERM/SIGINT")
-    w.add_argument("--store", help="postgresql:// DSN of the sessions and the run queue ($FSM_AGENT_STORE)")
-    w.add_argument("--agent", required=True, metavar="MODULE:ATTR",
-                   help="the Agent to drive runs with (an Agent, or a callable returning one)")
-    w.add_argument("--concurrency", type=int, default=4, help="runs at once (default 4)")
-    w.add_argument("--poll", type=float, default=1.0, help="seconds between queue polls (default 1)")
-    w.add_argument("--no-live-deltas", action="store_true", help="do not publish model-stream deltas live")
-    w.set_defaults(handler=worker_command)
-    return w  # type: ignore[no-any-return]
-
-
-def worker_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    """``fsm-agent worker``: returns the exit code (0 after a clean stop).
-
-    The first SIGTERM or SIGINT stops claiming and interrupts the runs in progress (each ends
-    INTERRUPTED, resumable, and its job goes back to the queue for another worker); a second one
-    cancels what is left.
-
-    Raises:
-        ConfigurationError: a bad ``--store``, ``--agent`` or number.
-    """
-    from ..cli.temporal import target_of, temporal_worker
-
-    if target_of(args):  # a Temporal worker: the session workflows and their activities, any store
-        return temporal_worker(args, out, err)
-    args.store = args.store or os.environ.get("FSM_AGENT_STORE") or ""
-    if not args.store.startswith(("postgresql://", "postgres://")):
-        raise ConfigurationError(f"--store {args.store!r}: a worker needs a postgresql:// DSN (or $FSM_AGENT_STORE)")
-    if args.concurrency < 1:
-        raise ConfigurationError(f"--concurrency must be >= 1, not {args.concurrency}")
-    if not args.poll > 0:
-        raise ConfigurationError(f"--poll must be > 0, not {args.poll}")
-    agent = load_agent(args.agent)
-    return asyncio.run(_serve(agent, args, out, err))
-
-
-async def _serve(agent: Agent, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    store = PostgresStore(args.store, max_size=max(4, args.concurrency + 2))
-    worker = Worker(agent, store, concurrency=args.concurrency, poll=args.poll,
-                    live_deltas=not args.no_live_deltas)
-    loop = asyncio.get_running_loop()
-    signals = (signal.SIGTERM, signal.SIGINT)
-
-    def on_signal(sig: signal.Signals) -> None:
-        if worker.stopping:  # a second signal: cancel what is left
-            worker.cancel_runs()
-            return
-        err.write(f"fsm-agent worker: {sig.name}: stopping (runs in progress are interrupted)\n")
-        err.flush()
-        worker.request_stop()
-
-    for sig in signals:
-        loop.add_signal_handler(sig, on_signal, sig)
-    try:
-        await store.pool()  # errors (DSN, password, unreachable) before announcing
-        out.write(f"fsm-agent worker {worker.worker_id}: {store.location}, concurrency {args.concurrency}\n")
-        out.flush()
-        await worker.run_forever()
-    finally:
-        for sig in signals:
-            loop.remove_signal_handler(sig)
-        with contextlib.suppress(Exception):
-            await agent.provider.aclose()
-        await store.close()
-    out.write(f"fsm-agent worker {worker.worker_id}: stopped after {worker.completed} job(s)\n")
-    return 0

@@ -379,7 +379,8 @@ def test_worker_command_checks_its_arguments():
     import argparse
 
     from fsm_agent.errors import ConfigurationError
-    from fsm_agent.server.worker import add_worker_command, load_agent
+    from fsm_agent.cli.agent_ref import load_agent
+    from fsm_agent.cli.worker import add_worker_command
 
     parser = argparse.ArgumentParser()
     add_worker_command(parser.add_subparsers(dest="command"))
