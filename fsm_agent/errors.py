@@ -62,6 +62,8 @@ Control-flow signals form their own family, outside :class:`FsmAgentError`::
 
     Signal
     ├── StopRun                        middleware asks the driver to end the run with a StopReason
+    │   └── GuardrailTripwireTriggered  a guardrail's tripwire fired: FAILED_TERMINAL, error kind
+    │                                  ``guardrail_tripwire`` naming the guardrail
     └── SuspendCall                    a tool's call cannot finish now but can later: the run stops
         │                              INTERRUPTED with that call pending, and a resume runs it again
         ├── WaitForHuman               a tool's call cannot finish without a person: the run stops
@@ -96,6 +98,7 @@ __all__ = [
     "EmptyResponseError",
     "ExtraTypeError",
     "FsmAgentError",
+    "GuardrailTripwireTriggered",
     "InvalidHistoryError",
     "InvalidPlanError",
     "InvalidRequestError",
@@ -676,6 +679,33 @@ class StopRun(Signal):
         self.reason = reason
         self.detail = detail
         self.payload = payload
+
+
+class GuardrailTripwireTriggered(StopRun):
+    """Signal: a guardrail's tripwire fired (the ``guardrails`` plugin, ``fsm_agent_middleware.guardrails``).
+
+    A :class:`StopRun` for ``FAILED_TERMINAL`` whose stop carries ``error={"kind": "guardrail_tripwire",
+    "guardrail": name, "guardrail_kind": kind, "message": message, "info": info}``. The plugin raises
+    it when a stop-type guardrail trips; a guardrail function may raise it instead of returning a
+    tripped result (the plugin fills in the guardrail's name and kind), and any middleware hook may
+    raise it to stop a run the same way.
+
+    Args:
+        message: why, in words (the stop's detail says it after the guardrail's name).
+        guardrail: the guardrail's name (``""``: filled in by the plugin).
+        kind: ``input``, ``output``, ``tool_input`` or ``tool_output`` (``""``: filled in by the plugin).
+        info: what the guardrail found (JSON-like data: it is written to the session log).
+    """
+
+    def __init__(self, message: str = "", *, guardrail: str = "", kind: str = "", info: Any = None) -> None:
+        self.guardrail = guardrail
+        self.kind = kind
+        self.message = message
+        self.info = info
+        who = f"{kind.replace('_', ' ')} guardrail {guardrail!r}" if guardrail else "a guardrail"
+        super().__init__("FAILED_TERMINAL", f"{who} tripped{': ' + message if message else ''}",
+                         error={"kind": "guardrail_tripwire", "guardrail": guardrail, "guardrail_kind": kind,
+                                "message": message, "info": info})
 
 
 class SuspendCall(Signal):

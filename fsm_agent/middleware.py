@@ -322,7 +322,9 @@ class Middleware:
 
         Not called:
             for calls that are not streamed (``RunConfig.stream`` false, or a provider without
-            streaming); for the events of a call a ``wrap_model_call`` layer answered itself.
+            streaming); for the events of a call a ``wrap_model_call`` layer answered itself; for a
+            ``ctx.call_provider`` call made in the Model phase from another task than the phase's
+            (beside the model call, such as a guardrail's: not the answer).
         """
         return event
 

@@ -14,6 +14,7 @@ wall clock running out → PAUSED_BUDGET with the streamed part kept.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
@@ -46,22 +47,25 @@ MANY_TOOLS = 25
 class ModelPhase:
     """The Model phase, and the one path every model call of a run takes (see the module doc)."""
 
-    __slots__ = ("h", "controls", "_warned_tools")
+    __slots__ = ("h", "controls", "_warned_tools", "_task")
 
     def __init__(self, host: Host, controls: Controls) -> None:
         self.h = host
         self.controls = controls
         self._warned_tools = False
+        self._task: asyncio.Task[Any] | None = None
+        """The task running the Model phase (its side calls are the answer's; others run beside it)."""
 
     # -- one call ------------------------------------------------------------------------------
     async def call(self, request: MessageRequest, provider: Provider, trace: ModelTrace,
-                   deadline_s: float | None = None) -> MessageResponse:
+                   deadline_s: float | None = None, *, quiet: bool = False) -> MessageResponse:
         """One model call through the port: streamed when configured and the provider can, its events
-        to the chain's filters and the observers, its provider retries logged (``model_retry``)."""
+        to the chain's filters and the observers (none when ``quiet``), its provider retries logged
+        (``model_retry``)."""
         h = self.h
         stream = h.run_state.config.stream
-        on_event = self._on_event if stream and (h.chain.filters_model_events or h.bus.wants(ModelStreamEvent)) \
-            else None
+        on_event = self._on_event if stream and not quiet and (h.chain.filters_model_events
+                                                               or h.bus.wants(ModelStreamEvent)) else None
         try:
             return await h.port.call_model(provider, request, stream=stream, on_event=on_event,
                                            on_retry=self._on_retry, trace=trace, deadline_s=deadline_s)
@@ -101,14 +105,20 @@ class ModelPhase:
         A side call made outside the Model and MidTurn phases (a planner's or a grader's, in PreTurn
         or PostTurn) is interruptible like the Model phase's call: an Interrupt or a Cancel cuts it
         and ends the run from the phase the call was made in. The cut call's tokens count as estimated
-        (with ``account``), and a ``model_call_interrupted`` event with ``side_call: true`` is logged."""
+        (with ``account``), and a ``model_call_interrupted`` event with ``side_call: true`` is logged.
+
+        A side call made in the Model phase from another task than the phase's own (beside the model
+        call, such as a guardrail's) is not the answer: its events reach neither the ``on_model_event``
+        filters nor the observers, and its text is not the answer in flight."""
         h = self.h
         provider = provider or h.view.provider
-        # in the Model phase a side call (a fallback provider's) streams the answer in flight: its text
-        # is what an Interrupt keeps, and a failure of it drops it
-        trace = h.inflight.trace if h.machine.state is Phase.MODEL else ModelTrace()
+        in_model = h.machine.state is Phase.MODEL
+        beside = in_model and asyncio.current_task() is not self._task
+        # in the Model phase a side call of the phase's own task (a fallback provider's) streams the
+        # answer in flight: its text is what an Interrupt keeps, and a failure of it drops it
+        trace = h.inflight.trace if in_model and not beside else ModelTrace()
         try:
-            response = await h.interruptible(self.call(request, provider, trace), side_call=True)
+            response = await h.interruptible(self.call(request, provider, trace, quiet=beside), side_call=True)
         except ControlCut:
             if account:
                 h.accounting.cut(request, trace.streamed)
@@ -151,6 +161,7 @@ class ModelPhase:
     async def run(self) -> Outcome:
         h = self.h
         ctx, run, fl = h.view, h.run_state, h.inflight
+        self._task = asyncio.current_task()
         run.turn += 1
         request = fl.request = self.build_request()
         h.turns.start(request)
