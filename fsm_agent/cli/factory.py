@@ -3,7 +3,7 @@
 The agent's settings (:func:`settings_of`) are a plain dict, stored with the session
 (``metadata["cli"]``) so that ``resume`` builds the same agent again with :class:`AgentFactory`:
 the provider (or the embedded local model, started here), the demo tools, the default plugins,
-a policy file, ``--approve-tools``.
+a policy file, ``--approve-tools``, command hooks (``--hooks``, ``--hook``).
 """
 
 from __future__ import annotations
@@ -82,7 +82,7 @@ def _store_problem(exc: Any) -> str:
 
 # -- the agent --------------------------------------------------------------------------------
 AGENT_FLAGS = ("provider", "base_url", "model", "api_key", "local_model", "tool", "tool_mode", "system", "middleware",
-               "no_default_middleware", "policy", "approve_tools")
+               "no_default_middleware", "policy", "approve_tools", "hooks", "hook")
 """The ``args`` attributes of the flags that build the agent (``run``'s and ``serve``'s,
 :func:`fsm_agent.cli.parser.agent_flags`)."""
 
@@ -117,6 +117,8 @@ def settings_of(args: argparse.Namespace) -> dict[str, Any]:
         "default_middleware": not args.no_default_middleware,
         "policy": str(Path(args.policy).resolve()) if args.policy else None,
         "approve_tools": list(args.approve_tools),
+        "hooks": str(Path(args.hooks).resolve()) if args.hooks else None,
+        "hook": list(args.hook),
         "local_model": local_model(args.local_model, provider or "local"),
     }
 
@@ -126,7 +128,7 @@ def default_settings() -> dict[str, Any]:
     model with the default plugins (what ``fsm-agent serve`` serves without ``--agent``)."""
     return {"provider": "local", "base_url": None, "model": None, "tool_mode": None, "tools": [], "system": None,
             "middleware": [], "default_middleware": True, "policy": None, "approve_tools": [],
-            "local_model": local_model(None, "local")}
+            "hooks": None, "hook": [], "local_model": local_model(None, "local")}
 
 
 def local_model(path: str | None, provider: str, session_id: str | None = None) -> str | None:
@@ -159,8 +161,8 @@ class AgentFactory:
     provider; leaving closes both.
 
     Raises:
-        ConfigurationError: an unknown tool or plugin, a bad policy file, an ``--approve-tools``
-            pattern that matches no enabled tool.
+        ConfigurationError: an unknown tool or plugin, a bad policy or hooks file or ``--hook``, an
+            ``--approve-tools`` pattern that matches no enabled tool.
     """
 
     def __init__(self, settings: dict[str, Any], api_key: str | None, err: TextIO) -> None:
@@ -193,6 +195,9 @@ class AgentFactory:
                 raise ConfigurationError(f"--approve-tools {pattern!r}: no enabled tool matches it (enabled: {enabled})")
         if approve:
             middleware.append(load_plugin("approval")(tools=approve))  # type: ignore[call-arg]
+        if self.s.get("hooks") or self.s.get("hook"):  # absent in sessions stored before the options existed
+            hooks: Any = load_plugin("command_hooks")
+            middleware.append(hooks.from_cli(self.s.get("hooks"), self.s.get("hook") or []))
         return tools, middleware
 
     async def __aenter__(self) -> AgentFactory:

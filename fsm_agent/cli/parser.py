@@ -161,6 +161,14 @@ def agent_flags() -> argparse.ArgumentParser:
                    help="these tools (names or glob patterns, comma-separated; repeatable) need a person's "
                         "approval: the run stops WAITING_HUMAN (exit 3) until `fsm-agent resume ID --approve CALL_ID` "
                         "(serve: the review page's Approve, or POST /sessions/ID/approvals/CALL_ID)")
+    r.add_argument("--hooks", metavar="FILE",
+                   help="command hooks: commands run before and after each model call and tool call, given the "
+                        "event as JSON on stdin; exit 1 of a before-hook denies (TOML, or JSON when FILE ends in "
+                        ".json; format: docs/hooks.md of the fsm_agent repository)")
+    r.add_argument("--hook", action="append", default=[], metavar="EVENT=COMMAND",
+                   help="one command hook (EVENT: before_model_call, after_model_call, before_tool_call, "
+                        "after_tool_call; COMMAND split like a shell, run without one, in the current directory; "
+                        "5 s timeout, fail_open; repeatable; after those of --hooks)")
     return r
 
 
