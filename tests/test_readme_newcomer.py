@@ -11,6 +11,7 @@ from pathlib import Path
 from fsm_agent import Agent, Decision, ScriptedProvider, StopReason, tool
 from fsm_agent.providers import tool_call_response
 from fsm_agent.types.codec import unstructure
+from fsm_agent.types import ToolUseBlock
 from fsm_agent_middleware.approval import HumanApproval
 
 README = (Path(__file__).resolve().parents[1] / "README.md").read_text()
@@ -35,7 +36,7 @@ async def test_the_pending_actions_shown_are_what_a_run_gives() -> None:
     shown_json = re.search(r"`(\[\{\"call\".+?\}\])`", block, re.S)
     assert shown_json, "the README shows pending_actions as JSON"
     shown = json.loads(re.sub(r"\s*\n\s*", " ", shown_json.group(1)))
-    agent = Agent(ScriptedProvider([tool_call_response(("send_email", {"to": "ann@example.com", "body": "…"})),
+    agent = Agent(ScriptedProvider([tool_call_response(ToolUseBlock("call_1", "send_email", {"to": "ann@example.com", "body": "…"})),
                                     "Sent."]),
                   tools=[send_email], middleware=[HumanApproval(tools=["send_email"])])
     result = await agent.run("Mail the report to Ann")
