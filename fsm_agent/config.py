@@ -7,7 +7,12 @@ from attrs import frozen
 from .types.requests import ThinkingConfig
 from .types.structured import OutputSchema
 
-__all__ = ["RunConfig"]
+__all__ = ["DEFAULT_CONTENT_FILTER_MESSAGE", "RunConfig"]
+
+DEFAULT_CONTENT_FILTER_MESSAGE = ("I can't help with that: the model provider's safety filter blocked this answer. "
+                                  "Please rephrase your request.")
+"""The answer a user gets when the provider's content filter blocks one (seed 000 §5.3.4: the loop ends
+and returns a safety message): :attr:`RunConfig.content_filter_message`'s default."""
 
 
 @frozen
@@ -40,6 +45,12 @@ class RunConfig:
     approval_timeout: float | None = None
     """Hang-Wait: seconds to wait in process for a person's decision on a tool call before stopping
     WAITING_HUMAN (Stop-Resume). ``None`` (default): stop at once and resume later."""
+    content_filter_message: str = DEFAULT_CONTENT_FILTER_MESSAGE
+    """The answer the user gets when the provider's content filter blocks the model's answer or the
+    request (seed 000 §5.3.4): it is ``RunResult.output`` and the run's last assistant message, and
+    nothing the model had written before the filter hit stays in the conversation. The run stops
+    FAILED_TERMINAL with error kind ``content_filtered`` (a ``content_filtered`` event holds the
+    provider's details). Default :data:`DEFAULT_CONTENT_FILTER_MESSAGE`; must not be blank."""
 
     def __attrs_post_init__(self) -> None:
         from .errors import ConfigurationError
@@ -54,3 +65,7 @@ class RunConfig:
             value = getattr(self, name)
             if value is not None and value < 0:
                 raise ConfigurationError(f"{name} must not be negative, not {value}")
+        if not isinstance(self.content_filter_message, str) or not self.content_filter_message.strip():
+            raise ConfigurationError(
+                f"content_filter_message must be a non-blank text (what the user is told when the provider's "
+                f"content filter blocks an answer), not {self.content_filter_message!r}")

@@ -87,7 +87,12 @@ class Printer:
 def report(result: Any, args: argparse.Namespace, printer: Printer | None, out: TextIO, err: TextIO,
            settings: dict[str, Any] | None = None) -> int:
     """Print a run's result: its JSON on ``out`` with ``--json``, else the end of the streamed
-    answer on ``out`` and the stop, usage and session lines on ``err``. Returns the exit code."""
+    answer on ``out`` and the stop, usage and session lines on ``err``. Returns the exit code.
+
+    When the provider's content filter blocked the answer (error kind ``content_filtered``), the
+    answer is the safety message (``RunConfig.content_filter_message``): with a ``printer`` (the
+    answer streamed here) it is printed on ``out`` after whatever had streamed. ``printer`` is
+    ``None`` where the caller printed ``result.output`` itself (a run on Temporal)."""
     from ..types.codec import unstructure
 
     if args.json:
@@ -96,6 +101,9 @@ def report(result: Any, args: argparse.Namespace, printer: Printer | None, out: 
     if printer is not None and printer.open_line:
         out.write("\n")
         printer.open_line = False
+    error = result.stop.error or {}
+    if printer is not None and error.get("kind") == "content_filtered" and result.output:
+        out.write(result.output + "\n")  # the safety message is the answer; nothing of it streamed
     if not result.output and result.stop.reason is StopReason.COMPLETED:
         out.write("(the model gave no text)\n")
     u = result.usage

@@ -18,12 +18,13 @@ import asyncio
 import logging
 from typing import Any
 
+import orjson
 from attrs import evolve
 
-from ..errors import ContextLengthExceededError, ProviderError
+from ..errors import ContentFilteredError, ContextLengthExceededError, ProviderError
 from ..providers.base import Provider
 from ..types.codec import unstructure
-from ..types.content import ToolUseBlock
+from ..types.content import TextBlock, ToolUseBlock
 from ..types.events import ModelRetry, ModelStreamEvent
 from ..types.messages import AssistantMessage, Message, ModelStopReason
 from ..types.requests import MessageRequest, MessageResponse
@@ -36,7 +37,7 @@ from .phases import Phase, Trigger
 from .port import ModelTrace
 from .timing import PortDeadline
 
-__all__ = ["MANY_TOOLS", "ModelPhase"]
+__all__ = ["MANY_TOOLS", "ModelPhase", "content_filtered"]
 
 log = logging.getLogger("fsm_agent.driver")
 
@@ -198,6 +199,8 @@ class ModelPhase:
             return self._provider_failed(exc)
         fl.request = None
         run.context_retry = False
+        if content_filtered(response):  # before the tool calls: a blocked answer's calls are blocked too
+            return self._content_filtered(request, response=response)
         response = self._unique_call_ids(response)
         cost = h.accounting.call(request, response)
         if response.tool_calls and response.stop_reason is ModelStopReason.MAX_TOKENS:
@@ -216,9 +219,6 @@ class ModelPhase:
         if response.tool_calls:
             run.pending_calls = list(response.tool_calls)
             return Move(Trigger.TOOL_USE, f"model stop reason {stop.value}: {len(response.tool_calls)} tool call(s)")
-        if stop is ModelStopReason.CONTENT_FILTERED:
-            return Stop(StopReason.FAILED_TERMINAL, "the provider's content filter blocked the answer",
-                        {"error": {"kind": "content_filtered", "message": response.refusal or ""}})
         if stop is ModelStopReason.REFUSAL or (response.refusal and not response.text.strip()):
             return Stop(StopReason.FAILED_TERMINAL, f"the model refused: {response.refusal or 'no reason given'}",
                         {"error": {"kind": "refusal", "message": response.refusal or ""}})
@@ -279,6 +279,8 @@ class ModelPhase:
         conversation and nothing of the call is counted as an answer's usage, so a resume (or an
         in-run retry) asks again from the same history. The streamed text rides the stop as
         ``partial``, for the user; a ``model_call_failed`` event records the call."""
+        if isinstance(exc, ContentFilteredError):
+            return self._content_filtered(None, error=exc)
         h = self.h
         fl = h.inflight
         reason = StopReason.FAILED_RETRYABLE if exc.retryable else StopReason.FAILED_TERMINAL
@@ -293,6 +295,63 @@ class ModelPhase:
         if partial:
             payload["partial"] = partial
         return Stop(reason, f"model call failed: {exc}{note}", payload)
+
+    def _content_filtered(self, request: MessageRequest | None, *, response: MessageResponse | None = None,
+                          error: ContentFilteredError | None = None) -> Stop:
+        """The provider's content filter blocked the answer or the request (seed 000 §5.3.4): the run
+        ends with the safety message as its answer, whichever way the provider said it.
+
+        ``response``: an answer whose finish reason says so (:func:`content_filtered`); ``error``: a
+        :class:`~fsm_agent.errors.ContentFilteredError` (an HTTP 400 with a content-filter code, an
+        error event inside the stream). Either way nothing the model wrote enters the conversation
+        (and none of it is the stop's ``partial``: the filter blocked it); the run's last assistant
+        message, and so ``RunResult.output``, is ``RunConfig.content_filter_message``; the stop is
+        FAILED_TERMINAL with error kind ``content_filtered``; a ``content_filtered`` event records the
+        provider's details (see :func:`filter_details`)."""
+        h = self.h
+        run, fl = h.run_state, h.inflight
+        streamed = fl.failed_partial or fl.trace.streamed
+        fl.trace.text.clear()
+        fl.failed_partial = ""
+        fl.request = None
+        safety = AssistantMessage((TextBlock(run.config.content_filter_message),))
+        event: dict[str, Any]
+        if response is not None:
+            assert request is not None
+            cost = h.accounting.call(request, response)  # the blocked call was made: its tokens count
+            info = {"model": response.model, "provider": response.provider,
+                    "stop_reason": response.stop_reason.value, "raw_stop_reason": response.raw_stop_reason,
+                    "usage": unstructure(response.usage) if response.usage else None, "cost_usd": cost,
+                    "discarded": "content_filtered"}
+            if h.journal is not None:
+                ref = h.turns.context
+                h.record("model_call", {**info, "context": unstructure(ref) if ref else None})
+            h.turns.model_call(info, ())
+            run.output_retry = False
+            run.last_response = evolve(response, message=safety)  # the answer is the safety message
+            said = f"finish reason {response.raw_stop_reason!r}" if response.raw_stop_reason else "its stop reason"
+            why = response.refusal or ""
+            info_error: dict[str, Any] = {"kind": "content_filtered", "message": why, "provider": response.provider,
+                                          "raw_stop_reason": response.raw_stop_reason}
+            event = {"via": "finish_reason", "provider": response.provider, "model": response.model,
+                     "raw_stop_reason": response.raw_stop_reason, "message": why,
+                     "details": filter_details(response)}
+        else:
+            assert error is not None
+            h.record("model_call_failed", {"kind": error.kind, "status": error.status, "streamed_chars": len(streamed)})
+            said = f"HTTP {error.status}" if error.status is not None else "an error"
+            said += f" with code {error.code!r}" if error.code else ""
+            info_error = error.to_info()
+            event = {"via": "error", "provider": error.provider, "model": None, "status": error.status,
+                     "code": error.code, "message": error.message, "details": error_details(error)}
+        h.append(safety)
+        h.record("content_filtered", {**event, "streamed_chars": len(streamed), "answer": safety.text})
+        where = info_error.get("provider") or "the provider"
+        dropped = (f"; the {len(streamed)} characters that had streamed were dropped (not part of the conversation)"
+                   if streamed else "")
+        return Stop(StopReason.FAILED_TERMINAL,
+                    f"the provider's content filter blocked the answer ({where}: {said}); the answer is the "
+                    f"safety message (RunConfig.content_filter_message){dropped}", {"error": info_error})
 
     def _unique_call_ids(self, response: MessageResponse) -> MessageResponse:
         """Give every tool call of ``response`` an id unused so far in the session.
@@ -320,3 +379,39 @@ class ModelPhase:
         if not renamed:
             return response
         return evolve(response, message=evolve(response.message, content=tuple(blocks)))
+
+
+_FILTER_EXTRA = ("content_filter_results", "prompt_filter_results", "stop_details", "incomplete_details")
+"""The keys of ``MessageResponse.extra`` where the protocols keep a content filter's details: Azure's
+``content_filter_results`` and ``prompt_filter_results`` (Chat Completions), Anthropic's
+``stop_details`` (``type``, ``category``, ``explanation``), Responses' ``incomplete_details``."""
+
+
+def content_filtered(response: MessageResponse) -> bool:
+    """Whether the provider's content filter blocked ``response``: a content-filter finish reason
+    (OpenAI Chat ``finish_reason: content_filter``, Responses ``incomplete_details.reason:
+    content_filter``: ``ModelStopReason.CONTENT_FILTERED``), or Anthropic's ``stop_reason: refusal``
+    (its safety classifiers stopped the answer; the message carries ``stop_details``, and no refusal
+    text of the model's own). A refusal the model wrote itself (OpenAI ``message.refusal``) is not a
+    filter: it stays a ``refusal`` stop."""
+    stop = response.stop_reason
+    if stop is ModelStopReason.CONTENT_FILTERED:
+        return True
+    return (stop is ModelStopReason.REFUSAL and response.raw_stop_reason == "refusal"
+            and (isinstance(response.extra.get("stop_details"), dict) or response.refusal is None))
+
+
+def filter_details(response: MessageResponse) -> dict[str, Any]:
+    """The provider's details of a blocked answer (see :data:`_FILTER_EXTRA`)."""
+    return {k: response.extra[k] for k in _FILTER_EXTRA if k in response.extra}
+
+
+def error_details(error: ProviderError) -> Any:
+    """The provider's error body of a blocked request (its JSON when it is JSON; at most 2 KiB of text
+    otherwise), or ``None``."""
+    if not error.body:
+        return None
+    try:
+        return orjson.loads(error.body)
+    except orjson.JSONDecodeError:
+        return error.body[:2048]
