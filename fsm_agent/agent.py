@@ -49,6 +49,7 @@ from .middleware import Middleware
 from .otel import OtelSettings
 from .otel import active as _otel_active
 from .otel import build as _otel_build
+from .otel import tracing_muted as _otel_muted
 from .permissions import PERMISSIONS_METADATA_KEY, Permissions, control_text
 from .plugins import load_plugin
 from .pricing import cost_usd
@@ -224,6 +225,8 @@ class Agent:
 
     def _instrumentation(self) -> Any:
         """The instrumentation this agent's runs use now (:mod:`fsm_agent.otel`), or ``None``."""
+        if _otel_muted.get():
+            return None
         if self.instrument is None:
             return _otel_active()
         return self._otel

@@ -94,10 +94,9 @@ async def run_command(args: argparse.Namespace, out: TextIO, err: TextIO, progre
 
     if target_of(args):  # the session runs on Temporal: the workers' agent, the same lines
         _no_temporal_permissions(args, permissions, "run")
-        printer = None if args.json else Printer(out, err, args.verbose)
         result = await temporal_run(args, out, err)
         progress.result, progress.session_id = result, result.session_id
-        return report(result, args, printer, out, err, {})
+        return report(result, args, None, out, err, {})  # temporal_run printed the answer
     settings = settings_of(args)
     config = RunConfig(max_iterations=args.max_iterations, max_wall_clock=args.timeout, max_tokens=args.max_tokens,
                        max_output_tokens=args.max_output_tokens, stream=not args.no_stream)  # checks the values
@@ -444,10 +443,9 @@ async def resume_command(args: argparse.Namespace, out: TextIO, err: TextIO, pro
     from .temporal import target_of, temporal_resume
 
     if target_of(args):  # through the session's workflow
-        printer = None if args.json else Printer(out, err, args.verbose)
         result = await temporal_resume(args, decisions, limits, out, err)
         progress.result, progress.session_id = result, result.session_id
-        return report(result, args, printer, out, err, {})
+        return report(result, args, None, out, err, {})  # temporal_resume printed the answer
     store = await checked_store(args.store, create=False)
     try:
         rec = await store.get_session(args.session_id)

@@ -53,8 +53,13 @@ async def connect(args: argparse.Namespace) -> Any:
     except ImportError as exc:
         raise ConfigurationError("--temporal needs the temporal extra: pip install 'fsm-agent[temporal]'") from exc
     target = target_of(args)
+    interceptors: list[Any] = []
+    if getattr(args, "otel", False):  # one trace across the client, the workflow and its activities
+        from temporalio.contrib.opentelemetry import TracingInterceptor
+
+        interceptors.append(TracingInterceptor())
     try:
-        return await Client.connect(target, namespace=args.namespace or "default")
+        return await Client.connect(target, namespace=args.namespace or "default", interceptors=interceptors)
     except Exception as exc:  # noqa: BLE001 - any failure to reach the cluster is a setup problem
         raise ConfigurationError(f"--temporal {target}: cannot connect ({exc}); is the cluster (or "
                                  "`temporal server start-dev`) running there?") from exc

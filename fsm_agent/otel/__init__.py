@@ -28,6 +28,9 @@ Hosts that run a segment's effects elsewhere (Temporal activities) wrap their po
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator, Mapping
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigurationError
@@ -37,8 +40,12 @@ if TYPE_CHECKING:
     from ..machine.port import EffectPort
     from .instrumentation import Instrumentation
 
-__all__ = ["CAPTURE_ENV", "CONTENT_MODES", "OtelSettings", "activity_port", "active", "build", "configure_otlp",
-           "instrument", "uninstrument"]
+__all__ = ["CAPTURE_ENV", "CONTENT_MODES", "OtelSettings", "activity_port", "active", "build", "caller_context",
+           "configure_otlp", "instrument", "tracing_muted", "uninstrument"]
+
+tracing_muted: ContextVar[bool] = ContextVar("fsm_agent_tracing_muted", default=False)
+"""True where runs must not make spans of their own: inside a durable host's workflow code, which
+is replayed (its effects are traced where they run, see :func:`activity_port`)."""
 
 _process: list[Any] = [None]
 """The process-wide :class:`~fsm_agent.otel.instrumentation.Instrumentation` (``[None]``: off)."""
@@ -112,6 +119,30 @@ def activity_port(port: EffectPort, *, session_id: str, turn: int = 0, agent_nam
         return port
     return inst.activity_port(port, session_id=session_id, turn=turn,  # type: ignore[no-any-return]
                               agent_name=agent_name)
+
+
+@contextlib.contextmanager
+def caller_context(metadata: Mapping[str, Any] | None) -> Iterator[None]:
+    """Make the caller's trace that a session's ``metadata`` carries (``otel_parent``, a W3C
+    ``traceparent``/``tracestate`` the HTTP server stored) the current context for the block, so
+    that what starts there (a durable host's workflow, through Temporal's interceptor) continues it.
+    Does nothing when the metadata carries none or OpenTelemetry is not installed."""
+    value = (metadata or {}).get("otel_parent")
+    if not (isinstance(value, dict) and isinstance(value.get("traceparent"), str)):
+        yield
+        return
+    try:
+        from opentelemetry import context as otel_context
+        from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+    except ImportError:
+        yield
+        return
+    token = otel_context.attach(TraceContextTextMapPropagator().extract(
+        {k: v for k, v in value.items() if isinstance(v, str)}))
+    try:
+        yield
+    finally:
+        otel_context.detach(token)
 
 
 def configure_otlp(*, service_name: str = "fsm-agent") -> Any:

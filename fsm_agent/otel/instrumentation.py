@@ -462,6 +462,8 @@ class Segment:
                                  N.TOOL_EFFECT: tool.effect.value if tool is not None else "unknown"}
         if decision is not None:
             attrs[N.TOOL_DECISION] = decision.kind
+        if self.view is None:  # a detached segment (an activity): no invoke_agent parent names the conversation
+            attrs[G.GEN_AI_CONVERSATION_ID] = self.session_id
         self.ran.add(call.id)
         return self.inst.tracer.start_span(f"{_TOOL} {call.name}", self.context, SpanKind.INTERNAL, attrs)
 

@@ -34,7 +34,8 @@ from temporalio.exceptions import ApplicationError
 from ..control import Decision
 from ..errors import ProviderError, SessionExistsError, SuspendCall
 from ..machine.live import LivePort
-from ..machine.port import ModelTrace
+from ..machine.port import EffectPort, ModelTrace
+from ..otel import activity_port
 from ..store.base import Checkpoint, LedgerEntry, SessionLink, SessionRecord, Store, WriteBatch
 from ..store.sessions import upgrade_event
 from ..tools.registry import ToolContext
@@ -116,6 +117,15 @@ def _error(exc: BaseException, retryable: bool = False, **extra: Any) -> Applica
 
 
 # -- activities ----------------------------------------------------------------------------------------
+def _traced(agent: Any, port: EffectPort, session_id: str, turn: int) -> EffectPort:
+    """``port`` with OpenTelemetry spans, when the agent's runs are traced (``chat`` and
+    ``execute_tool`` spans, children of the activity's span when Temporal's TracingInterceptor is on)."""
+    inst = agent._instrumentation()
+    if inst is None:
+        return port
+    return activity_port(port, session_id=session_id, turn=turn, instrumentation=inst)
+
+
 @activity.defn(name="fsm_agent.apply_writes")
 async def apply_writes(data: dict[str, Any]) -> None:
     """Apply the writes the workflow queued (at a stop, before it waits or ends)."""
@@ -146,7 +156,7 @@ async def model_call(data: dict[str, Any]) -> dict[str, Any]:
         # filters stream events (redaction), only the engine may show them, so none go live here
         await agent.hooks.emit(ModelStreamEvent(sid, data["turn"], event, data["phase"]))
 
-    port = LivePort(store)
+    port = _traced(agent, LivePort(store), sid, data["turn"])
     try:
         async with _heartbeating():
             response = await port.call_model(provider, request, stream=data["stream"],
@@ -197,7 +207,7 @@ async def run_tool(data: dict[str, Any]) -> dict[str, Any]:
     left = data.get("budget_left") or {}
     try:
         async with _heartbeating():
-            result = await LivePort(agent.store).run_tool(
+            result = await _traced(agent, LivePort(agent.store), data["session_id"], data["turn"]).run_tool(
                 call, agent.tools, session_id=data["session_id"], turn=data["turn"], timeout=data.get("timeout"),
                 decision=decision, report=report, budget_left=lambda: dict(left))
     except SuspendCall as wait:

@@ -22,7 +22,8 @@ from temporalio.service import RPCError
 
 from ..config import RunConfig
 from ..control import Cancel, Decision, Followup, Interrupt, LoopControl, RequestPermissions, Restrict, Steer
-from ..errors import ResumeError, SessionBusyError, SessionExistsError
+from ..otel import caller_context
+from ..errors import PayloadTooLargeError, ResumeError, SessionBusyError, SessionExistsError
 from ..store.base import QUEUED, Store
 from ..store.decisions import DecisionOutcome
 from ..store.sessions import load_session
@@ -75,6 +76,13 @@ class TemporalHost:
                 "human_wait_s": self.human_wait.total_seconds() if self.human_wait is not None else None,
                 "history_limit": self.history_limit, **data}
 
+    def _check_size(self, what: str, data: dict[str, Any]) -> None:
+        """Refuse ``data`` before it is sent when it is over the payload limit."""
+        limit = (self.timeouts or Timeouts()).max_payload
+        size = len(self.client.data_converter.payload_converter.to_payloads([data])[0].data)
+        if size > limit:
+            raise PayloadTooLargeError(what, size, limit)
+
     def handle(self, session_id: str) -> WorkflowHandle[Any, Any]:
         """The session's workflow."""
         return self.client.get_workflow_handle(session_id)
@@ -86,18 +94,22 @@ class TemporalHost:
 
         Raises:
             SessionExistsError: a workflow (or a stored session) already has this id.
+            PayloadTooLargeError: the task is larger than one payload may be (``Timeouts.max_payload``);
+                nothing started.
         """
         start = self._start(session_id, "run", task=unstructure(list(messages), list[Message]),
                             config=unstructure(config), metadata=dict(metadata or {}), limits=dict(limits))
+        self._check_size("the start of a run", start)
         store = self.store or agent.store
         rec = await store.get_session(session_id)
         if rec is not None and not (rec.state == QUEUED and not rec.last_seq):
             raise SessionExistsError(session_id)  # (a session a server created QUEUED is this run's own)
         try:
-            handle = await self.client.start_workflow(
-                "fsm_agent.Session", start, id=session_id, task_queue=self.task_queue,
-                id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
-                id_conflict_policy=WorkflowIDConflictPolicy.FAIL)
+            with caller_context(rec.metadata if rec is not None else metadata):  # a server's caller's trace
+                handle = await self.client.start_workflow(
+                    "fsm_agent.Session", start, id=session_id, task_queue=self.task_queue,
+                    id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+                    id_conflict_policy=WorkflowIDConflictPolicy.FAIL)
         except RPCError as exc:
             raise SessionExistsError(session_id) from exc
         return await self._result(agent, handle, 0)
@@ -114,17 +126,19 @@ class TemporalHost:
         req = {"decisions": {k: unstructure(v) for k, v in (decisions or {}).items()},
                "confirm_cancel": confirm_cancel, "limits": dict(limits)}
         handle = self.handle(session_id)
-        if await self._open(handle):
-            try:
-                segment = await handle.execute_update("resume", req)
-            except WorkflowUpdateFailedError as exc:
-                raise _resume_error(exc, session_id) from exc
-            return await self._result(agent, handle, segment)
-        # no workflow waits for it: the store says whether it can be resumed, then a new workflow does
-        await agent.check_resume(session_id, decisions)
-        handle = await self.client.start_workflow(
-            "fsm_agent.Session", self._start(session_id, "resume", **req), id=session_id, task_queue=self.task_queue,
-            id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE)
+        rec = await (self.store or agent.store).get_session(session_id)
+        with caller_context(rec.metadata if rec is not None else None):  # a server's caller's trace
+            if await self._open(handle):
+                try:
+                    segment = await handle.execute_update("resume", req)
+                except WorkflowUpdateFailedError as exc:
+                    raise _resume_error(exc, session_id) from exc
+                return await self._result(agent, handle, segment)
+            # no workflow waits for it: the store says whether it can be resumed, then a new workflow does
+            await agent.check_resume(session_id, decisions)
+            handle = await self.client.start_workflow(
+                "fsm_agent.Session", self._start(session_id, "resume", **req), id=session_id,
+                task_queue=self.task_queue, id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE)
         return await self._result(agent, handle, 0)
 
     async def _open(self, handle: WorkflowHandle[Any, Any]) -> bool:
@@ -140,6 +154,9 @@ class TemporalHost:
         while True:
             try:
                 data = await handle.execute_update("wait_stop", segment)
+                if data.get("continued"):
+                    await asyncio.sleep(0.2)  # the workflow continues as new: ask its new run
+                    continue
                 break
             except (WorkflowUpdateFailedError, RPCError):
                 if not await self._open(handle):

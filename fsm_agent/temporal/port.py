@@ -70,6 +70,11 @@ class Timeouts:
         self.max_payload = max_payload
 
 
+def _size(data: Any) -> int:
+    """Bytes of ``data`` as one payload."""
+    return len(workflow.payload_converter().to_payloads([data])[0].data)
+
+
 class _Handle:
     __slots__ = ("cancelled",)
 
@@ -129,14 +134,54 @@ class WorkflowPort:
         """Apply the queued writes now (at a stop, before the workflow waits or ends)."""
         writes = self._take_writes()
         if writes:
-            await self._activity("fsm_agent.apply_writes", {"agent": self.agent, "writes": writes}, writes,
-                                 retry=True, timeout=60.0)
+            await self._apply_in_parts(writes)
+
+    async def _apply_in_parts(self, writes: list[dict[str, Any]]) -> None:
+        """Apply ``writes`` in order, in as few activities as keep each payload under the limit.
+
+        Raises:
+            PayloadTooLargeError: one write alone is over the limit. The writes before it are applied;
+                it and the ones after it stay queued (``store.pending``), in order.
+        """
+        limit = self.timeouts.max_payload
+        empty = _size({"agent": self.agent, "writes": []})
+        parts: list[list[dict[str, Any]]] = [[]]
+        size, too_large = empty, None
+        for n, w in enumerate(writes):
+            w_size = _size(w) + 1
+            if empty + w_size > limit:
+                too_large = (n, empty + w_size)
+                break
+            if parts[-1] and size + w_size > limit:
+                parts.append([])
+                size = empty
+            parts[-1].append(w)
+            size += w_size
+        rest = writes[too_large[0]:] if too_large is not None else []
+        parts = [p for p in parts if p]
+        for k, part in enumerate(parts):
+            try:
+                await self._activity("fsm_agent.apply_writes", {"agent": self.agent, "writes": part}, part,
+                                     retry=True, timeout=60.0)
+            except BaseException:
+                later = [w for p in parts[k + 1:] for w in p] + rest
+                at = len(part) if self.store.pending[:1] == part[:1] else 0  # after the part, when it was kept
+                self.store.pending[at:at] = later
+                raise
+        if too_large is not None:
+            self.store.pending[:0] = rest
+            raise PayloadTooLargeError("fsm_agent.apply_writes", too_large[1], limit)
 
     async def _activity(self, name: str, data: dict[str, Any], writes: list[dict[str, Any]], *, retry: bool,
                         timeout: float, cancel_wait: bool = False) -> Any:
         """Run activity ``name`` with ``data`` (carrying ``writes``). On a failure before the activity
         applied them (a lost worker), the writes go with the next activity (applying is idempotent)."""
-        size = len(workflow.payload_converter().to_payloads([data])[0].data)
+        size = _size(data)
+        if size > self.timeouts.max_payload and writes and name != "fsm_agent.apply_writes":
+            # The carried writes make it too large: apply them on their own first, then send the rest.
+            await self._apply_in_parts(writes)
+            data, writes = {**data, "writes": []}, []
+            size = _size(data)
         if size > self.timeouts.max_payload:
             self.store.pending[:0] = writes
             raise PayloadTooLargeError(name, size, self.timeouts.max_payload)

@@ -33,6 +33,7 @@ import asyncio
 from datetime import timedelta
 from typing import Any
 
+from attrs import evolve
 from temporalio import workflow
 from temporalio.exceptions import ApplicationError
 
@@ -41,9 +42,10 @@ with workflow.unsafe.imports_passed_through():
     from ..store.decisions import Question, check_decision
     from ..config import RunConfig
     from ..control import Decision
-    from ..errors import ResumeError
+    from ..errors import PayloadTooLargeError, ResumeError
     from ..hooks import observers_muted
-    from ..store.base import ControlKind, ControlRecord
+    from ..otel import tracing_muted
+    from ..store.base import ControlKind, ControlRecord, WriteBatch
     from ..types.codec import structure, unstructure
     from ..types.messages import Message
     from ..types.run import RunResult, RunStop, StopReason
@@ -72,6 +74,7 @@ class SessionWorkflow:
         self.port: WorkflowPort | None = None
         self.requests: list[dict[str, Any]] = []
         self.results: list[dict[str, Any]] = []
+        self.continuing = False
         self.base = 0
         """Segments run by earlier runs of this workflow (before a continue-as-new)."""
         self.stop: RunStop | None = None
@@ -89,6 +92,7 @@ class SessionWorkflow:
     @workflow.run
     async def run(self, start: dict[str, Any]) -> dict[str, Any]:
         observers_muted.set(workflow.unsafe.is_replaying)
+        tracing_muted.set(True)  # the workflow is replayed: its effects are traced in their activities
         agent = agent_named(start["agent"])
         self.agent = start["agent"]
         self.session_id = start["session_id"]
@@ -111,13 +115,23 @@ class SessionWorkflow:
             self.stop = structure(rec.stop, RunStop) if rec.stop else None
         while True:
             result = await self._segment(agent, request)
-            await port.flush()
-            self.results.append(self._result_form(result))
+            try:
+                await port.flush()
+            except PayloadTooLargeError as exc:
+                result = await self._unstorable(port, result, exc)
+                self.stop = result.stop
+                self.results.append(self._result_form(result))
+                await workflow.wait_condition(workflow.all_handlers_finished)
+                return self._final(result)
             stop = self.stop = result.stop
             if port.continue_asked and stop.reason is StopReason.INTERRUPTED and stop.detail == CONTINUE_AS_NEW_TEXT:
+                # The self-interrupt is not a segment a caller waits for: the new run's first segment
+                # takes its number, and a waiting wait_stop is told to ask the new run.
+                self.continuing = True
                 await workflow.wait_condition(workflow.all_handlers_finished)
                 workflow.continue_as_new({**start, "op": "resume", "decisions": {}, "limits": {},
                                           "confirm_cancel": False, "segments": self.base + len(self.results)})
+            self.results.append(self._result_form(result))
             if not stop.resumable:
                 await workflow.wait_condition(workflow.all_handlers_finished)
                 return self._final(result)
@@ -152,6 +166,24 @@ class SessionWorkflow:
             self.running = False
 
     # -- results -----------------------------------------------------------------------------------------
+    async def _unstorable(self, port: WorkflowPort, result: RunResult, exc: PayloadTooLargeError) -> RunResult:
+        """One of the segment's writes is over the payload limit (a checkpoint of a long transcript, a
+        large tool result): the writes before it are stored, it and the ones after it cannot be. The run
+        ends FAILED_TERMINAL with error kind ``payload_too_large``, which a small write stores with the
+        session (so the store, the review page and ``sessions show`` say why), and the caller gets the
+        same stop. The session's events and checkpoint stay as of the last write that was stored."""
+        dropped = len(port.store.pending)
+        port.store.pending.clear()
+        stop = RunStop(StopReason.FAILED_TERMINAL,
+                       f"the session's state can no longer be stored through the durable host: {exc}; its last "
+                       f"{dropped} write(s) were not stored (the session stays as of the write before them)",
+                       error={"kind": "payload_too_large", "message": str(exc), "what": exc.what, "size": exc.size,
+                              "limit": exc.limit, "writes_not_stored": dropped})
+        await port.store.write(WriteBatch(self.session_id, state=StopReason.FAILED_TERMINAL.value,
+                                          stop=unstructure(stop)))
+        await port.flush()
+        return evolve(result, stop=stop)
+
     @staticmethod
     def _result_form(result: RunResult) -> dict[str, Any]:
         data: dict[str, Any] = unstructure(result)
@@ -186,7 +218,9 @@ class SessionWorkflow:
     @workflow.update(name="wait_stop")
     async def wait_stop(self, segment: int) -> dict[str, Any]:
         """The result of segment number ``segment`` (0 is the start), once it stopped."""
-        await workflow.wait_condition(lambda: self.base + len(self.results) > segment)
+        await workflow.wait_condition(lambda: self.continuing or self.base + len(self.results) > segment)
+        if self.base + len(self.results) <= segment:
+            return {"continued": True}  # this run continues as new: ask the new one
         i = segment - self.base
         return self.results[i] if i >= 0 else {"stop": unstructure(self.stop) if self.stop else None,
                                                "earlier": True}
