@@ -23,6 +23,12 @@ Layering — three levels of retry, each outside the one below:
    observers see its deltas. Each fallback gets ``fallback_attempts`` logical
    calls (default 1; its own HTTP retries still apply). Middleware listed inside
    this one do not run for fallback calls — list RetryFallback first.
+   An empty response (no text, no tool call: :class:`~fsm_agent.errors.EmptyResponseError`, or an
+   empty answer returned) goes to the next provider at once, without this layer's retries on the
+   same one (seed 000 §5.2.6: the one retry after an empty response may switch provider). The
+   provider's own HTTP layer still retries an empty answer ``RetryPolicy.empty_response_retries``
+   times (one) first; give the primary ``ProviderConfig(retry=RetryPolicy(empty_response_retries=0))``
+   to make the next provider the only retry.
 
 The rules live in the provider layer, not here, so both layers agree:
 
@@ -71,7 +77,7 @@ from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import Any
 
 from fsm_agent import MessageRequest, MessageResponse, Middleware, ModelRetry, Provider, RunContext
-from fsm_agent.errors import ContextLengthExceededError, ProviderError
+from fsm_agent.errors import ContextLengthExceededError, EmptyResponseError, ProviderError
 from fsm_agent.providers import FallbackRule, RetryPolicy
 
 __all__ = ["RetryFallback"]
@@ -179,12 +185,20 @@ class RetryFallback(Middleware):
                     else:
                         response = await ctx.call_provider(self.rule.request_for(provider, request),
                                                            provider=provider)
+                    if response.is_empty and index < len(chain) - 1:
+                        raise EmptyResponseError("the model returned an empty response (no text, no tool call)",
+                                                 provider=response.provider or _name(provider, ctx), partial=response)
                 except ProviderError as exc:
                     last = exc
                     record["attempts"].append({"provider": exc.provider or _name(provider, ctx), "index": index,
                                                "kind": exc.kind, "status": exc.status, "waited": waited})
                     if isinstance(exc, ContextLengthExceededError) and not self.rule.falls_back(exc):
                         raise
+                    if isinstance(exc, EmptyResponseError) and index < len(chain) - 1:
+                        # the one retry after an empty response goes to the next provider (seed 000 §5.2.6)
+                        log.info("model call via %s gave an empty response; the next provider retries it",
+                                 _name(provider, ctx))
+                        break
                     # chance and waits through the run's context, so that a replay of the run waits alike
                     wait = self.policy.delay(exc, attempt, ctx.random if self.policy.rng is None else None,
                                              attempts=attempts, remaining=ctx.remaining_wall_clock)

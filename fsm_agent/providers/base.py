@@ -62,6 +62,7 @@ __all__ = [
     "events_for",
     "first_token_timeout_for",
     "may_retry",
+    "retry_empty_elsewhere",
     "retry_listener",
     "server_retry_after",
 ]
@@ -80,6 +81,15 @@ with the error that caused it, the retry number (1-based) and the wait in second
 around each model call and turns each call into a :class:`~fsm_agent.types.ModelRetry` event (for
 the observers and the session log), so that the provider layer never knows the driver. A listener
 that raises is logged and ignored; ``None`` means nobody listens."""
+
+
+retry_empty_elsewhere: contextvars.ContextVar[bool] = contextvars.ContextVar("fsm_agent_retry_empty_elsewhere",
+                                                                             default=False)
+"""``True`` while a fallback chain (:class:`~fsm_agent.providers.FallbackProvider`) calls a provider
+that has a next one: an empty response (:class:`~fsm_agent.errors.EmptyResponseError`) is then not
+retried on the same provider (:attr:`RetryPolicy.empty_response_retries` does not apply), because the
+chain's next provider is the one retry (seed 000 §5.2.6). ``False`` (default): the provider's own
+policy retries it."""
 
 
 async def announce_retry(error: ProviderError, retry_number: int, delay_s: float) -> None:
@@ -618,11 +628,16 @@ class HttpProvider(Provider):
             except ProviderError as exc:
                 self._failed(exc)
                 retry += 1
-                wait = self.config.retry.delay(exc, retry)
+                wait = None if self._empty_elsewhere(exc) else self.config.retry.delay(exc, retry)
                 if wait is None:
                     raise
                 await announce_retry(exc, retry, wait)
                 await self.config.retry.wait(wait)
+
+    @staticmethod
+    def _empty_elsewhere(exc: ProviderError) -> bool:
+        """An empty response that a fallback chain retries on its next provider (:data:`retry_empty_elsewhere`)."""
+        return isinstance(exc, EmptyResponseError) and retry_empty_elsewhere.get()
 
     def decode_body(self, raw: bytes, status: int = 200, headers: Mapping[str, str] | None = None) -> MessageResponse:
         """A non-streaming body into a response; an error object in a 200 body raises."""
@@ -734,7 +749,7 @@ class HttpProvider(Provider):
                 self._failed(exc)
                 retry += 1
                 wait = None
-                if not produced or self.config.allow_stream_replay:
+                if (not produced or self.config.allow_stream_replay) and not self._empty_elsewhere(exc):
                     wait = self.config.retry.delay(exc, retry)
                 if wait is None:
                     yield ErrorEvent(exc.kind, str(exc))

@@ -14,18 +14,26 @@ none, so that it fills its default); the first provider gets the request unchang
 :class:`FallbackProvider` keeps each provider's own retries; a stream falls back only before it
 produced content, so a consumer never sees two answers spliced together. The response's
 ``provider`` field names the one that answered.
+
+An empty response (no text, no tool call: :class:`~fsm_agent.errors.EmptyResponseError`, or an
+empty answer a provider returned without raising) is retried once (seed 000 §5.2.6); in a chain that
+one retry goes to the next provider: a provider that has a next one does not retry an empty answer
+itself (:data:`~fsm_agent.providers.base.retry_empty_elsewhere`), the last one keeps its own policy.
+Every move to the next provider is announced like a provider's own retry (a ``model_retry`` event in
+a run's session log: the failed provider, the error's kind, ``delay_s`` 0).
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Collection, Iterable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Collection, Iterable, Sequence
+from contextlib import aclosing
 
 from attrs import evolve, field, frozen
 
-from ..errors import ConfigurationError, ProviderError
+from ..errors import ConfigurationError, EmptyResponseError, ProviderError
 from ..types.requests import MessageRequest, MessageResponse
-from ..types.stream import StreamEvent, TextDelta, ThinkingDelta, ToolCallArgumentsDelta
-from .base import Provider, ProviderCapabilities, may_retry
+from ..types.stream import MessageComplete, StreamEvent, TextDelta, ThinkingDelta, ToolCallArgumentsDelta
+from .base import Provider, ProviderCapabilities, announce_retry, may_retry, retry_empty_elsewhere
 
 __all__ = ["FallbackProvider", "FallbackRule"]
 
@@ -99,6 +107,8 @@ class FallbackProvider(Provider):
                 rule = DEFAULT_PROVIDER_RULE
         self.rule = rule
         self.on = on
+        # whether an empty response moves on (the default rule: yes); when not, each provider keeps its own retry
+        self._empty_moves_on = rule.falls_back(EmptyResponseError("an empty response"))
         self.name = "fallback(" + ",".join(p.name for p in self.providers) + ")"
         self.model = self.providers[0].model
 
@@ -113,34 +123,68 @@ class FallbackProvider(Provider):
         return request if provider is self.providers[0] else self.rule.request_for(provider, request)
 
     async def chat(self, request: MessageRequest) -> MessageResponse:
+        """Ask each provider in turn until one answers (see the class doc).
+
+        Raises:
+            ProviderError: the first error the rule does not move on, else the last provider's.
+        """
         last: ProviderError | None = None
-        for p in self.providers:
+        for n, p in enumerate(self.providers):
+            has_next = n < len(self.providers) - 1
+            if last is not None:
+                await announce_retry(last, n, 0.0)
+            token = retry_empty_elsewhere.set(True) if has_next and self._empty_moves_on else None
             try:
-                return await p.chat(self._request(p, request))
+                response = await p.chat(self._request(p, request))
             except ProviderError as exc:
                 last = exc
-                if not self.rule.falls_back(exc):
+                if not has_next or not self.rule.falls_back(exc):
                     raise
+                continue
+            finally:
+                if token is not None:
+                    retry_empty_elsewhere.reset(token)
+            if has_next and response.is_empty:
+                empty = _empty(p, response)
+                if self.rule.falls_back(empty):
+                    last = empty
+                    continue
+            return response
         assert last is not None
         raise last
 
     async def chat_stream(self, request: MessageRequest) -> AsyncIterator[StreamEvent]:
+        """Stream from each provider in turn until one answers; only before content (see the class doc).
+
+        Raises:
+            ProviderError: as :meth:`chat`; an error after content was yielded is raised as it is.
+        """
         last: ProviderError | None = None
-        for p in self.providers:
+        for n, p in enumerate(self.providers):
+            has_next = n < len(self.providers) - 1
+            if last is not None:
+                await announce_retry(last, n, 0.0)
             produced = False
             held: StreamEvent | None = None
             try:
-                async for ev in p.chat_stream(self._request(p, request)):
-                    if isinstance(ev, _CONTENT):
-                        produced = True
-                    if ev.TAG == "error" and not produced and p is not self.providers[-1]:
-                        held = ev  # the next provider may answer instead
-                        continue
-                    yield ev
+                elsewhere = has_next and self._empty_moves_on
+                async with aclosing(_scoped(p.chat_stream(self._request(p, request)), elsewhere)) as events:
+                    async for ev in events:
+                        if isinstance(ev, _CONTENT) and getattr(ev, "text", True) != "":
+                            produced = True  # an empty delta (a scripted empty answer's) is not content
+                        if ev.TAG == "error" and not produced and has_next:
+                            held = ev  # the next provider may answer instead
+                            continue
+                        if (has_next and not produced and isinstance(ev, MessageComplete)
+                                and ev.full_response.is_empty):
+                            empty = _empty(p, ev.full_response)
+                            if self.rule.falls_back(empty):
+                                raise empty  # the next provider is the one retry
+                        yield ev
                 return
             except ProviderError as exc:
                 last = exc
-                if produced or not self.rule.falls_back(exc):
+                if produced or not has_next or not self.rule.falls_back(exc):
                     if held is not None:
                         yield held
                     raise
@@ -150,3 +194,28 @@ class FallbackProvider(Provider):
     async def aclose(self) -> None:
         for p in self.providers:
             await p.aclose()
+
+
+def _empty(provider: Provider, response: MessageResponse) -> EmptyResponseError:
+    return EmptyResponseError("the model returned an empty response (no text, no tool call)",
+                              provider=response.provider or provider.name, partial=response)
+
+
+async def _scoped(stream: AsyncIterator[StreamEvent], elsewhere: bool) -> AsyncGenerator[StreamEvent, None]:
+    """``stream`` with :data:`retry_empty_elsewhere` set while it runs (not while its consumer does),
+    when ``elsewhere``: the chain's next provider retries an empty response."""
+    try:
+        while True:
+            token = retry_empty_elsewhere.set(True) if elsewhere else None
+            try:
+                ev = await stream.__anext__()
+            except StopAsyncIteration:
+                return
+            finally:
+                if token is not None:
+                    retry_empty_elsewhere.reset(token)
+            yield ev
+    finally:
+        close = getattr(stream, "aclose", None)
+        if close is not None:
+            await close()
