@@ -69,6 +69,7 @@ from .providers import (
 )
 from .permissions import PermissionDenial, PermissionRequest, Permissions, Restriction, Scope
 from .plugins import default_middleware
+from .prompt import PromptFile, PromptSnapshot
 from .store import MemoryStore, SQLiteStore, Store
 from .structured import StructuredResult, parse_output, structured_call
 from .task import AcceptanceCheck, CheckResult, Task, TaskAnswer, TaskBudget, TaskOutcome, TaskResult
@@ -93,6 +94,7 @@ from .types import (
     RunStop,
     StopReason,
     SystemMessage,
+    SystemPromptChanged,
     TextBlock,
     ThinkingBlock,
     ToolFinished,
@@ -159,6 +161,8 @@ __all__ = [
     "PolicyDecision",
     "PostgresStore",
     "Profile",
+    "PromptFile",
+    "PromptSnapshot",
     "Provider",
     "ProviderCapabilities",
     "ProviderConfig",
@@ -192,6 +196,7 @@ __all__ = [
     "StructuredResult",
     "SuspendCall",
     "SystemMessage",
+    "SystemPromptChanged",
     "TRANSITIONS",
     "Task",
     "TaskAnswer",

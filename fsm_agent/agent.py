@@ -52,6 +52,7 @@ from .otel import build as _otel_build
 from .otel import tracing_muted as _otel_muted
 from .permissions import PERMISSIONS_METADATA_KEY, Permissions, control_text
 from .plugins import load_plugin
+from .prompt import PROMPT_KEY, PromptFile, PromptSnapshot, PromptSource, prompt_digest
 from .pricing import cost_usd
 from .providers.base import Provider
 from .store.base import QUEUED, ControlKind, LedgerEntry, LedgerStatus, SessionRecord, Store
@@ -78,7 +79,11 @@ class Agent:
     Args:
         provider: the model (any :class:`~fsm_agent.providers.Provider`).
         tools: tools (``@tool`` functions, or plain typed functions, wrapped on the fly).
-        system_prompt: the system message put first in every new session, or ``None``.
+        system_prompt: the system message put first in every new session: a text, a
+            :class:`~fsm_agent.PromptFile` followed while the agent runs, or ``None``. It may change
+            while runs go on (:meth:`set_system_prompt`); each run takes the current one at its next
+            PreTurn unless its session pinned its own (``RunConfig.pin_system_prompt``); see
+            docs/system-prompt.md.
         middleware: policy plugins; list order is wrapping order (first = outermost).
         observers: watchers (see :mod:`fsm_agent.hooks`).
         config: budgets and limits (:class:`RunConfig`; defaults from seed 000).
@@ -103,7 +108,8 @@ class Agent:
     Raises:
         ChainError: the middleware cannot form a chain (cycle, missing requirement, bad hook).
         ConfigurationError: duplicate tool names, an observer that is neither callable nor has ``on_*``;
-            ``instrument`` given without OpenTelemetry installed, or of another type.
+            ``instrument`` given without OpenTelemetry installed, or of another type; a prompt file
+            that cannot be read.
     """
 
     def __init__(
@@ -111,7 +117,7 @@ class Agent:
         provider: Provider,
         *,
         tools: Iterable[Tool | Any] = (),
-        system_prompt: str | None = None,
+        system_prompt: str | PromptFile | None = None,
         middleware: Iterable[Middleware] = (),
         observers: Iterable[Any] = (),
         config: RunConfig | None = None,
@@ -128,7 +134,8 @@ class Agent:
         """A durable host that drives this agent's sessions (:class:`fsm_agent.temporal.TemporalHost`):
         :meth:`run`, :meth:`resume`, :meth:`control` and :meth:`decide` go to it; ``None``: in process."""
         self.tools = tools if isinstance(tools, ToolRegistry) else ToolRegistry(tools)
-        self.system_prompt = system_prompt
+        self._prompt = PromptSource(system_prompt)
+        """The agent's versioned system prompt (read by runs through their port at each PreTurn)."""
         self.chain = MiddlewareChain(middleware)
         self.hooks = HookBus(observers)
         self.config = config or RunConfig()
@@ -151,11 +158,44 @@ class Agent:
         """The chain in its resolved order."""
         return self.chain.middleware
 
+    # -- the system prompt -------------------------------------------------------------------------
+    @property
+    def system_prompt(self) -> str | None:
+        """The system prompt now (a followed file is read again); setting it is :meth:`set_system_prompt`."""
+        return self._prompt.current().text
+
+    @system_prompt.setter
+    def system_prompt(self, value: str | PromptFile | None) -> None:
+        self.set_system_prompt(value)
+
+    def set_system_prompt(self, prompt: str | PromptFile | None) -> int:
+        """Change the system prompt of this agent (and of the agents derived from it without a prompt of
+        their own) while it runs, without a restart: a text, a :class:`~fsm_agent.PromptFile` to follow
+        from now on, or ``None`` (no system prompt). Safe from any thread or task.
+
+        Every session of the agent that has not pinned its prompt (``RunConfig.pin_system_prompt``) and
+        did not bring its own system message uses it from its next PreTurn on: its next model call sees
+        it, and the session log gets a ``system_prompt_changed`` event (version, digest, text, source).
+
+        Returns:
+            the prompt's version now in force (each change adds one; the same text again changes nothing).
+
+        Raises:
+            ConfigurationError: a file that cannot be read, or a value of another type (nothing changes).
+        """
+        return self._prompt.set(prompt)
+
+    def current_system_prompt(self) -> PromptSnapshot:
+        """The system prompt now, with its version, digest and source (a followed file is read again)."""
+        return self._prompt.current()
+
     def derive(self, *, tools: Iterable[Tool | Any] = (), middleware: Iterable[Middleware] = (),
                system_prompt: str | None = None) -> Agent:
         """A new agent like this one (provider, config, store, observers, worker id, lease, control
         poll) with ``tools`` and ``middleware`` added after its own, and ``system_prompt`` instead of
-        its own when given. This agent is not changed.
+        its own when given. This agent is not changed. Without a ``system_prompt``, the new agent shares
+        this one's prompt: :meth:`set_system_prompt` on this agent (or its prompt file changing) reaches
+        the new agent's runs too (docs/system-prompt.md).
 
         The new agent's runs count as this agent's runs in this process: :meth:`interrupt_all` and
         :meth:`drain_on_signals` of either reach the runs of both (the orchestration patterns build
@@ -165,11 +205,12 @@ class Agent:
             ChainError: the middleware cannot form a chain.
             ConfigurationError: a tool name used twice.
         """
-        agent = Agent(self.provider, tools=[*self.tools, *tools],
-                      system_prompt=self.system_prompt if system_prompt is None else system_prompt,
+        agent = Agent(self.provider, tools=[*self.tools, *tools], system_prompt=system_prompt,
                       middleware=[*self.middleware, *middleware], observers=self.hooks.observers, config=self.config,
                       store=self.store, worker_id=self.worker_id, lease_ttl=self.lease_ttl,
                       control_poll=self.control_poll, permissions=self.permissions)
+        if system_prompt is None:  # the same prompt: a change to this agent's reaches the new one's runs
+            agent._prompt = self._prompt
         agent.instrument, agent._otel = self.instrument, self._otel
         agent._active = self._active
         return agent
@@ -184,16 +225,30 @@ class Agent:
             raise ChainError("the middleware chain is frozen: it cannot change after the first run started")
         self.chain = self.chain.with_middleware(middleware)
 
-    def _initial_messages(self, task: str | Message | Sequence[Message]) -> list[Message]:
+    @staticmethod
+    def _task_messages(task: str | Message | Sequence[Message]) -> list[Message]:
         if isinstance(task, str):
-            msgs: list[Message] = [UserMessage(task)]
-        elif isinstance(task, Sequence):
-            msgs = [m for m in task if not isinstance(m, str)]
-        else:
-            msgs = [task]
-        if self.system_prompt and not any(isinstance(m, SystemMessage) for m in msgs):
-            msgs.insert(0, SystemMessage(self.system_prompt))
-        return msgs
+            return [UserMessage(task)]
+        if isinstance(task, Sequence):
+            return [m for m in task if not isinstance(m, str)]
+        return [task]
+
+    async def _initial_messages(self, task: str | Message | Sequence[Message], effects: EffectPort
+                                ) -> tuple[list[Message], dict[str, Any]]:
+        """A new session's first messages (the agent's system prompt, read through ``effects``, first,
+        unless the task brings its own system message) and its prompt record (:data:`PROMPT_KEY`)."""
+        msgs = self._task_messages(task)
+        own = next((m for m in msgs if isinstance(m, SystemMessage)), None)
+        if own is not None:
+            return msgs, {"version": 0, "digest": prompt_digest(own.text), "source": "session", "text": own.text,
+                          "leading": False, "own": True}
+        snap = await effects.system_prompt(self._prompt)
+        if snap is None:  # the port cannot tell (history made before prompts were read): as configured then
+            snap = self._prompt.cached()
+        if snap.text:
+            msgs.insert(0, SystemMessage(snap.text))
+        return msgs, {"version": snap.version, "digest": snap.digest, "source": snap.source, "text": snap.text,
+                      "leading": bool(snap.text), "own": False, "fresh": True}
 
     def new_context(self, messages: list[Message], *, session_id: str | None = None,
                     config: RunConfig | None = None, state: RunState | None = None) -> RunView:
@@ -221,7 +276,7 @@ class Agent:
         if port is None:
             port = journal.port if journal is not None else self.live_port()
         return Driver(ctx, self.chain, self.hooks if hooks is None else hooks, port=port, cost_of=cost_usd,
-                      journal=journal, lease_ttl=self.lease_ttl, ledger=ledger)
+                      journal=journal, lease_ttl=self.lease_ttl, ledger=ledger, prompt=self._prompt)
 
     def _instrumentation(self) -> Any:
         """The instrumentation this agent's runs use now (:mod:`fsm_agent.otel`), or ``None``."""
@@ -325,7 +380,8 @@ class Agent:
         if permissions is not None:
             meta[PERMISSIONS_METADATA_KEY] = permissions.to_dict()
         if self.host is not None and port is None:
-            messages = self._initial_messages(task)
+            # the system prompt is the one of the agent the workers serve, read there as the session starts
+            messages = self._task_messages(task)
             return await self.host.run(self, messages, session_id=session_id or uuid.uuid4().hex, config=cfg,  # type: ignore[no-any-return]
                                        metadata=meta, limits={})
         return await self._run_here(task, session_id, cfg, meta, self._port(port))
@@ -339,8 +395,9 @@ class Agent:
             assert t is not None
             return await self._as_task(t)._run_here(t.messages(), session_id, t.config(cfg), meta, effects)
         store = effects.store
-        messages = self._initial_messages(task)
+        messages, prompt = await self._initial_messages(task, effects)
         ctx = self.new_context(list(messages), session_id=session_id or effects.new_id(), config=cfg)
+        ctx._run.metadata[PROMPT_KEY] = prompt
         goal = (self._task.goal if self._task is not None else
                 next((m.text for m in messages if isinstance(m, UserMessage)), ""))
         now = effects.now()
@@ -497,6 +554,9 @@ class Agent:
         state.decisions.update(decisions or {})
         state.cancel_confirmed = confirm_cancel
         state.goal_version = max(state.goal_version, rec.goal_version)
+        prompt = state.metadata.get(PROMPT_KEY)
+        if isinstance(prompt, dict):
+            prompt.pop("fresh", None)  # the first PreTurn of this segment reads the agent's prompt
         ctx = self.new_context(loaded.transcript, session_id=session_id, state=state)
         ctx._set_metadata(rec.metadata if isinstance(rec.metadata, dict) else {})
         journal = Journal(effects, session_id, rec.last_seq + 1, self.worker_id)

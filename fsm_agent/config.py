@@ -45,6 +45,10 @@ class RunConfig:
     approval_timeout: float | None = None
     """Hang-Wait: seconds to wait in process for a person's decision on a tool call before stopping
     WAITING_HUMAN (Stop-Resume). ``None`` (default): stop at once and resume later."""
+    pin_system_prompt: bool = False
+    """Keep the system prompt the session uses now (at its start: the one it started with) across its
+    turns and resumes, whatever the agent's prompt becomes. ``False`` (default): each PreTurn takes
+    the agent's current prompt (``Agent.set_system_prompt``, a ``PromptFile``); see docs/system-prompt.md."""
     content_filter_message: str = DEFAULT_CONTENT_FILTER_MESSAGE
     """The answer the user gets when the provider's content filter blocks the model's answer or the
     request (seed 000 §5.3.4): it is ``RunResult.output`` and the run's last assistant message, and

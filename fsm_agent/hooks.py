@@ -10,6 +10,8 @@ plain callable that receives every event:
 * ``on_budget_warning(BudgetWarning)``;
 * ``on_approval_requested(ApprovalRequested)`` — tool calls wait for a person;
 * ``on_plan_updated(PlanUpdated)`` — the run's plan changed (PlanAct);
+* ``on_system_prompt_changed(SystemPromptChanged)`` — the session's model calls use a new system
+  prompt from this turn on (the agent's prompt was set, or its prompt file changed);
 * ``on_policy_decision(PolicyDecision)`` — a middleware denied, asked about, edited or answered a
   tool call, decided the turn, or stopped the run (naming the middleware);
 * ``on_plugin_event(event)`` — an event a plugin emitted (``ctx.emit``) of a type not listed here
@@ -39,6 +41,7 @@ from .types.events import (
     ObserverEvent,
     PlanUpdated,
     PolicyDecision,
+    SystemPromptChanged,
     ToolFinished,
     ToolProgress,
     ToolStarted,
@@ -67,6 +70,7 @@ _METHOD = {
     UsageRolledUp: "on_usage_rolled_up",
     PlanUpdated: "on_plan_updated",
     PolicyDecision: "on_policy_decision",
+    SystemPromptChanged: "on_system_prompt_changed",
 }
 
 
@@ -94,6 +98,8 @@ class Observer:
     def on_plan_updated(self, event: PlanUpdated) -> Any: ...
 
     def on_policy_decision(self, event: PolicyDecision) -> Any: ...
+
+    def on_system_prompt_changed(self, event: SystemPromptChanged) -> Any: ...
 
     def on_plugin_event(self, event: Any) -> Any: ...
 

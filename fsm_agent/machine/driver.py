@@ -34,6 +34,7 @@ from attrs import evolve
 from ..chain import MiddlewareChain
 from ..errors import LeaseLost, MiddlewareError, ReplayDivergence, StopRun, StoreError
 from ..hooks import HookBus
+from ..prompt import PromptSource
 from ..providers.base import Provider
 from ..store.base import ControlKind, ControlRecord, LedgerEntry
 from ..types.codec import unstructure
@@ -88,12 +89,16 @@ class Driver:
             persisted and control events cannot arrive).
         ledger: the session's tool-call ledger by call id, as the store has it (a resume).
         lease_ttl: seconds a lease lasts; the port's watch renews it while the run goes on.
+        prompt: the agent's system prompt, read through the port at each PreTurn (``None``: the
+            transcript's own system message is used as it is).
     """
 
     def __init__(self, view: RunView, chain: MiddlewareChain, bus: HookBus, *, port: EffectPort,
                  cost_of: Callable[[str, Usage], float | None] | None = None, journal: Journal | None = None,
-                 ledger: Mapping[str, LedgerEntry] | None = None, lease_ttl: float = 30.0) -> None:
+                 ledger: Mapping[str, LedgerEntry] | None = None, lease_ttl: float = 30.0,
+                 prompt: PromptSource | None = None) -> None:
         chain.freeze()
+        self.prompt = prompt
         self.view = view
         self.run_state = view._run
         self.chain = chain

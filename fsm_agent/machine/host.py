@@ -7,7 +7,8 @@ takes the run state through its host, does its work, and returns an
 * the run's data: ``run_state`` (the :class:`~.state.RunState`), ``view`` (the plugin's
   :class:`~.view.RunView`), ``machine`` (read it; only the driver moves it), ``inflight``;
 * the run's services: ``chain`` (the middleware), ``bus`` (the observers), ``port`` (every effect),
-  ``journal`` (``None``: nothing is persisted), ``ledger``, ``turns``, ``accounting``;
+  ``journal`` (``None``: nothing is persisted), ``ledger``, ``turns``, ``accounting``, ``prompt``
+  (the agent's system prompt source);
 * a few verbs: :meth:`Host.append` a message to the transcript, :meth:`Host.record` an event,
   :meth:`Host.take` control events, :meth:`Host.interruptible` (run work a control may cut) and
   :meth:`Host.flush_outbox`.
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
     from ..chain import MiddlewareChain
     from ..errors import SuspendCall
     from ..hooks import HookBus
+    from ..prompt import PromptSource
     from ..store.base import ControlKind, ControlRecord
     from ..types.messages import Message, ToolResultMessage
     from ..types.requests import MessageRequest
@@ -93,6 +95,8 @@ class Host(Protocol):
     turns: TurnRecorder
     accounting: Accounting
     inflight: InFlight
+    prompt: PromptSource | None
+    """The agent's system prompt (read it through ``port.system_prompt``), or ``None``."""
 
     @property
     def machine(self) -> MachineState:

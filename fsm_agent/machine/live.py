@@ -18,6 +18,7 @@ from typing import Any
 
 from ..control import Decision
 from ..errors import ProviderError
+from ..prompt import PromptSnapshot, PromptSource
 from ..providers.base import Provider, call_deadline, retry_listener
 from ..store.base import ControlKind, ControlRecord, Store
 from ..tools.execution import execute_tool_call
@@ -176,6 +177,10 @@ class LivePort:
         if inspect.isawaitable(out):
             out = await out
         return out
+
+    # -- the agent's system prompt ---------------------------------------------------------------
+    async def system_prompt(self, source: PromptSource) -> PromptSnapshot | None:
+        return source.current()
 
 
 class _Sink:

@@ -17,7 +17,9 @@ Everything a run does outside its own memory goes through one :class:`EffectPort
   one worker on a session (:meth:`~EffectPort.watch`), and waiting for a decision
   (:meth:`~EffectPort.wait_controls`);
 * **a plugin's own I/O** (:meth:`~EffectPort.plugin_effect`): a call a middleware makes to its own
-  service, such as the ``memory`` plugin's episode store, through ``ctx.plugin_effect``.
+  service, such as the ``memory`` plugin's episode store, through ``ctx.plugin_effect``;
+* **the agent's system prompt** (:meth:`~EffectPort.system_prompt`): its current text and version,
+  which code may set and a prompt file may change while the run goes on.
 
 :class:`~fsm_agent.machine.live.LivePort` is today's behaviour: asyncio, the store, the providers'
 HTTP. A recording port and a replaying port (:mod:`fsm_agent.testing.effects`) stand in front of
@@ -45,6 +47,7 @@ from attrs import define, field
 if TYPE_CHECKING:
     from ..control import Decision
     from ..errors import ProviderError
+    from ..prompt import PromptSnapshot, PromptSource
     from ..providers.base import Provider
     from ..store.base import ControlKind, ControlRecord, Store
     from ..tools.registry import Tool, ToolContext, ToolRegistry
@@ -191,4 +194,13 @@ class EffectPort(Protocol):
         Raises:
             Exception: what the method raised (recorded; a replay raises it again).
         """
+        ...
+
+    # -- the agent's system prompt ---------------------------------------------------------------
+    async def system_prompt(self, source: PromptSource) -> PromptSnapshot | None:
+        """The agent's system prompt now (:meth:`PromptSource.current
+        <fsm_agent.prompt.PromptSource.current>`: a followed file is read again), read at a session's
+        start and at each PreTurn. ``None``: this port cannot tell (a durable host replaying history
+        made before prompts were read), and the session keeps the prompt it has. Never raises for a
+        file that cannot be read (the last text stays)."""
         ...

@@ -1,5 +1,7 @@
 """PreTurn as a phase object: control events → the session's permissions (:mod:`.gate`) → budgets →
-the context of the next call → PreTurn middleware → the tools the permissions allow → ``call_model``.
+the system prompt (the agent's current one, read through the port) → the context of the next call →
+PreTurn middleware → the current system prompt put into the context → the tools the permissions
+allow → ``call_model``.
 
 Budgets are checked in seed 000's order: shutdown (interrupt/cancel, taken first) → iterations →
 wall clock → tokens → cost. A budget stop is PAUSED_BUDGET, resumable with a raised budget.
@@ -7,8 +9,12 @@ wall clock → tokens → cost. A budget stop is PAUSED_BUDGET, resumable with a
 
 from __future__ import annotations
 
+from typing import Any
+
+from ..prompt import PROMPT_KEY, prompt_digest
 from ..types.content import TextBlock, ThinkingBlock
-from ..types.messages import AssistantMessage, ModelStopReason, UserMessage
+from ..types.events import SystemPromptChanged
+from ..types.messages import AssistantMessage, Message, ModelStopReason, SystemMessage, UserMessage
 from ..types.run import StopReason
 from .controls import Controls
 from .gate import PermissionGate
@@ -60,14 +66,43 @@ class PreTurn:
         if hit is not None:
             return Stop(StopReason.PAUSED_BUDGET, hit[1], {"budget": hit[0]})
         self._no_prefill()
+        prompt = await self._system_prompt()
         ctx.messages = list(ctx._transcript)
         settings = ctx.settings
         settings.active_tools = None
         settings.tools_enabled = True
         settings.max_output_tokens = run.max_output_override
         await h.chain.pre_turn(ctx)
+        if prompt is not None:  # after the middleware: a plugin rebuilding the context from the transcript
+            _put_prompt(ctx.messages, prompt, ctx._transcript)  # (compaction) finds its messages as they are
         self.gate.offer()  # only the tools the session may call, whatever a plugin chose
         return Move(Trigger.CALL_MODEL, f"turn {run.turn + 1}: context of {len(ctx.messages)} messages built")
+
+    async def _system_prompt(self) -> dict[str, Any] | None:
+        """The session's prompt record (:data:`~fsm_agent.prompt.PROMPT_KEY`), after reading the agent's
+        prompt through the port: when its text differs from the one the session used, a
+        ``system_prompt_changed`` event (logged, to the observers) and the new text from this turn's
+        model call on. A pinned session (``RunConfig.pin_system_prompt``) and one that brought its own
+        system message read nothing. ``None``: no prompt source (the transcript is used as it is)."""
+        h = self.h
+        run = h.run_state
+        if h.prompt is None:
+            return None
+        use = run.metadata.get(PROMPT_KEY)
+        if use is None:  # a session from before prompts were versioned: its transcript's system message
+            first = h.view._transcript[0] if h.view._transcript else None
+            text = first.text if isinstance(first, SystemMessage) else None
+            use = run.metadata[PROMPT_KEY] = {"version": 0, "digest": prompt_digest(text), "source": "session",
+                                               "text": text, "leading": text is not None, "own": False}
+        if use.pop("fresh", False) or use.get("own") or run.config.pin_system_prompt:
+            return use  # read at the session's start just now; or kept as it is
+        snap = await h.port.system_prompt(h.prompt)
+        if snap is not None and snap.digest != use["digest"]:
+            h.view.emit(SystemPromptChanged(h.session_id, run.turn, snap.version, snap.digest, snap.text, snap.source,
+                                            use["digest"]))
+            await h.flush_outbox()
+            use.update(version=snap.version, digest=snap.digest, source=snap.source, text=snap.text)
+        return use
 
     def _no_prefill(self) -> None:
         """A history that ends with a plain assistant answer (one cut by an interrupt or the wall
@@ -95,3 +130,26 @@ def _has_answer(message: AssistantMessage) -> bool:
     tool block ...): reasoning alone is not an answer."""
     return any(not isinstance(b, (TextBlock, ThinkingBlock)) or (isinstance(b, TextBlock) and b.text.strip())
                for b in message.content)
+
+
+def _put_prompt(messages: list[Message], use: dict[str, Any], transcript: list[Message]) -> None:
+    """Make the context's system prompt the session's current one (its record ``use``): in place of
+    the transcript's first message when that is the prompt the session started with (``leading``;
+    found in ``messages`` as the same object, else as an equal message), else first. A session that
+    brought its own system message (``own``) is left as it is."""
+    if use.get("own"):
+        return
+    text = use.get("text")
+    first = transcript[0] if use.get("leading") and transcript and isinstance(transcript[0], SystemMessage) else None
+    if first is not None:
+        at = next((i for i, m in enumerate(messages) if m is first), None)
+        if at is None:
+            at = next((i for i, m in enumerate(messages) if m == first), None)
+        if at is not None:
+            if not text:
+                del messages[at]
+            elif first.text != text:
+                messages[at] = SystemMessage(text)
+            return
+    if text:
+        messages.insert(0, SystemMessage(text))

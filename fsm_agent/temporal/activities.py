@@ -12,6 +12,8 @@
   Every activity applies the writes it carries first, so a ledger ``started`` lands before its tool
   runs. Applying is idempotent (a retried activity applies a batch once).
 * ``fsm_agent.load_session``: what a workflow needs to continue a session the store holds.
+* ``fsm_agent.system_prompt``: the agent's system prompt now (version, text, digest, source), run
+  as a local activity at a session's start and at each PreTurn (its prompt file read again).
 
 Messages cross the line once: a request's messages that an earlier call already stored (in the
 session's store, by content hash) are sent as references, so a session's history grows with its
@@ -48,7 +50,7 @@ from ._codec import exception_form, form, value_of
 from .registry import agent_named, provider_named
 
 __all__ = ["ACTIVITIES", "MESSAGE_KEY", "apply_writes", "load_session", "message_digest", "model_call",
-           "plugin_effect", "run_tool", "tool_hook"]
+           "plugin_effect", "run_tool", "system_prompt", "tool_hook"]
 
 log = logging.getLogger("fsm_agent.temporal")
 
@@ -269,6 +271,13 @@ async def load_session(data: dict[str, Any]) -> dict[str, Any] | None:
             "ledger": {k: unstructure(v) for k, v in ledger.items()}, "kept": kept}
 
 
+@activity.defn(name="fsm_agent.system_prompt")
+async def system_prompt(data: dict[str, Any]) -> dict[str, Any]:
+    """The system prompt of the agent this worker serves under ``data["agent"]``, now (a
+    :class:`~fsm_agent.PromptSnapshot`'s form; its prompt file read again)."""
+    return unstructure(agent_named(data["agent"]).current_system_prompt())  # type: ignore[no-any-return]
+
+
 def loaded(data: dict[str, Any]) -> tuple[SessionRecord, list[Any], Checkpoint | None, dict[str, LedgerEntry],
                                           dict[str, Any]]:
     """The parts of :func:`load_session`'s answer, typed."""
@@ -279,5 +288,5 @@ def loaded(data: dict[str, Any]) -> tuple[SessionRecord, list[Any], Checkpoint |
             {k: structure(v, LedgerEntry) for k, v in (data.get("ledger") or {}).items()}, data.get("kept") or {})
 
 
-ACTIVITIES = (apply_writes, model_call, run_tool, tool_hook, plugin_effect, load_session)
+ACTIVITIES = (apply_writes, model_call, run_tool, tool_hook, plugin_effect, load_session, system_prompt)
 """Every activity a worker of fsm_agent sessions registers."""

@@ -29,6 +29,7 @@ from temporalio.exceptions import TimeoutError as TemporalTimeout
 from ..control import Decision
 from ..errors import OutcomeUnknown, PayloadTooLargeError
 from ..machine.port import Cancellable, ModelTrace, OnRetry, ToolReport
+from ..prompt import PromptSnapshot, PromptSource
 from ..providers.base import Provider
 from ..store.base import ControlKind, ControlRecord
 from ..tools.registry import Tool, ToolContext, ToolEffect, ToolRegistry
@@ -45,6 +46,10 @@ from .registry import provider_key
 __all__ = ["Timeouts", "WorkflowPort"]
 
 _ACTIVITY_ERRORS = frozenset({"ModelCallCut"})
+
+PROMPT_PATCH = "fsm_agent.system_prompt"
+"""The patch (``workflow.patched``) under which a session reads its agent's system prompt at its start
+and at each PreTurn: histories recorded before it replay without the reads."""
 
 
 class Timeouts:
@@ -341,3 +346,14 @@ class WorkflowPort:
         except asyncio.TimeoutError:
             pass
         return await self.store.take_controls(session_id, kinds)
+
+    # -- the agent's system prompt ---------------------------------------------------------------
+    async def system_prompt(self, source: PromptSource) -> PromptSnapshot | None:
+        """The prompt of the agent this worker serves, read by a local activity (its result is in the
+        history, so a replay sees the prompt the run saw). ``None`` for a history made before prompts
+        were read (the session keeps the prompt it has)."""
+        if not workflow.patched(PROMPT_PATCH):
+            return None
+        out = await workflow.execute_local_activity("fsm_agent.system_prompt", {"agent": self.agent},
+                                                    start_to_close_timeout=timedelta(seconds=30))
+        return structure(out, PromptSnapshot)

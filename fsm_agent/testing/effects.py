@@ -63,6 +63,7 @@ from attrs import define, field
 from ..control import Decision
 from ..errors import ReplayDivergence
 from ..machine.port import Cancellable, EffectPort, ModelTrace, OnRetry, ToolReport
+from ..prompt import PromptSnapshot, PromptSource
 from ..providers.base import Provider
 from ..store.base import ControlKind, ControlRecord, Store
 from ..tools.registry import Tool, ToolContext, ToolRegistry
@@ -87,7 +88,7 @@ class Effect:
 
     kind: str
     """``now``, ``monotonic``, ``random``, ``new_id``, ``call_later``, ``call_model``, ``run_tool``,
-    ``tool_hook``, ``watch``, ``wait_controls``, ``plugin_effect`` or ``store.<method>``."""
+    ``tool_hook``, ``watch``, ``wait_controls``, ``plugin_effect``, ``system_prompt`` or ``store.<method>``."""
     args: Any
     """Its arguments in a canonical, comparable form (JSON-like: dicts, lists, strings, numbers)."""
     value: Any = None
@@ -469,6 +470,10 @@ class RecordingPort:
         i = self._start("plugin_effect", _plugin_args(plugin, method, args))
         return await self._await(i, self.inner.plugin_effect(plugin, method, args))
 
+    async def system_prompt(self, source: PromptSource) -> PromptSnapshot | None:
+        i = self._start("system_prompt", {"source": source.label})
+        return await self._await(i, self.inner.system_prompt(source))  # type: ignore[no-any-return]
+
 
 def _async_arrival(port: RecordingPort, what: str, i: int, fn: Callable[..., Awaitable[None]]
                    ) -> Callable[..., Awaitable[None]]:
@@ -746,6 +751,10 @@ class ReplayingPort:
     async def plugin_effect(self, plugin: Any, method: str, args: Sequence[Any]) -> Any:
         i, _ = self._start("plugin_effect", _plugin_args(plugin, method, args))
         return await self._await(i)
+
+    async def system_prompt(self, source: PromptSource) -> PromptSnapshot | None:
+        i, _ = self._start("system_prompt", {"source": source.label})
+        return await self._await(i)  # type: ignore[no-any-return]
 
 
 # -- the user's handle --------------------------------------------------------------------------------------

@@ -25,6 +25,7 @@ __all__ = [
     "ObserverEvent",
     "PlanUpdated",
     "PolicyDecision",
+    "SystemPromptChanged",
     "ToolFinished",
     "ToolProgress",
     "ToolStarted",
@@ -245,5 +246,27 @@ class PolicyDecision:
     """For ``stop``: the :class:`~fsm_agent.StopReason` value asked for."""
 
 
+@frozen
+class SystemPromptChanged:
+    """The system prompt a session's model calls use changed (the agent's prompt was set in code or its
+    prompt file changed): from this PreTurn's model call on, the model sees :attr:`text`. Written to
+    the session log as ``system_prompt_changed``, so a replay and a resume know what the model saw."""
+
+    TAG: ClassVar[str] = "system_prompt_changed"
+    session_id: str
+    turn: int
+    """The turn before the first model call that uses it (the call's number is ``turn + 1``)."""
+    version: int
+    """The agent's prompt version (:class:`~fsm_agent.prompt.PromptSnapshot`)."""
+    digest: str
+    """Content hash of :attr:`text` (:func:`~fsm_agent.prompt.prompt_digest`)."""
+    text: str | None
+    """The new prompt (``None``: no system prompt)."""
+    source: str
+    """``code`` or ``file:<absolute path>``."""
+    previous_digest: str
+    """Content hash of the prompt the session used before."""
+
+
 ObserverEvent = Union[TransitionEvent, ModelStreamEvent, ModelRetry, ToolStarted, ToolFinished, BudgetWarning,
-                      ApprovalRequested, ToolProgress, UsageRolledUp, PlanUpdated, PolicyDecision]
+                      ApprovalRequested, ToolProgress, UsageRolledUp, PlanUpdated, PolicyDecision, SystemPromptChanged]

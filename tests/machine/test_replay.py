@@ -21,6 +21,7 @@ from attrs import evolve
 from fsm_agent import Agent, MemoryStore, Middleware, RunConfig, ScriptedProvider, StopReason, StopRun, tool
 from fsm_agent.control import Decision
 from fsm_agent.errors import ReplayDivergence
+from fsm_agent.prompt import prompt_digest
 from fsm_agent.providers import text_response, tool_call_response
 from fsm_agent.testing import EffectRecording
 from fsm_agent.testing.effects import _dumps
@@ -965,13 +966,15 @@ async def test_a_control_not_taken_diverges_at_once() -> None:
     assert i < div.index <= _first_using(rec, i, lambda leaf: leaf == "Steer: mind the totals")
 
 
-async def test_a_changed_system_prompt_diverges_at_the_first_write_of_it() -> None:
+async def test_a_changed_system_prompt_diverges_at_its_first_read() -> None:
+    # The agent's prompt is read through the port as the session starts (docs/system-prompt.md); the
+    # read names the prompt the agent was configured with, so another one diverges there, at once.
     rec, _ = await _recorded_base()
-    want = _first_using(rec, -1, lambda leaf: leaf == "You are careful.")
+    want = _index(rec, "system_prompt")
+    assert want == 0 and rec.segments[0].effects[want].args == {"source": f"code:{prompt_digest('You are careful.')}"}
     div = await _diverges(rec, _base_agent(False, system_prompt="You are reckless."))
-    assert div.index == want and rec.segments[0].effects[want].kind == "store.write"
-    assert div.difference.endswith("content[0].text"), div.difference
-    assert (div.expected or "").startswith("store.write(") and (div.actual or "").startswith("store.write(")
+    assert div.index == want and div.difference == "source", div.difference
+    assert (div.expected or "").startswith("system_prompt(") and (div.actual or "").startswith("system_prompt(")
 
 
 async def test_a_changed_plugin_diverges_at_the_first_request_it_changes() -> None:
