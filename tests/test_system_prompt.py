@@ -10,6 +10,7 @@ own system message keeps it.
 from __future__ import annotations
 
 import logging
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -111,6 +112,29 @@ async def test_setting_the_same_text_changes_nothing() -> None:
     assert agent.set_system_prompt("other") == 2
     agent.system_prompt = "same"  # the property's setter is set_system_prompt
     assert agent.current_system_prompt() == PromptSnapshot(3, "same", prompt_digest("same"), "code")
+
+
+def test_setters_in_threads_and_a_reader_see_whole_versions() -> None:
+    agent = Agent(ScriptedProvider([]), system_prompt="t0")
+    texts = [f"t{n}" for n in range(8)]
+
+    def setter(k: int) -> None:
+        for i in range(300):
+            agent.set_system_prompt(texts[(k + i) % len(texts)])
+
+    seen: list[PromptSnapshot] = []
+    threads = [threading.Thread(target=setter, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    while any(t.is_alive() for t in threads):
+        seen.append(agent.current_system_prompt())
+    for t in threads:
+        t.join()
+    seen.append(agent.current_system_prompt())
+    assert all(s.digest == prompt_digest(s.text) and s.text in texts for s in seen)  # never a torn snapshot
+    assert [s.version for s in seen] == sorted(s.version for s in seen)  # versions only go up
+    by_version = {s.version: s.text for s in seen}
+    assert all(by_version[s.version] == s.text for s in seen)  # one text per version
 
 
 async def test_a_prompt_set_on_an_agent_without_one_is_put_first_and_none_takes_it_away() -> None:
@@ -279,3 +303,20 @@ async def test_a_run_and_its_resume_with_prompt_changes_replay_the_same_requests
     assert [_systems(r) for r in rt.replayed_requests] == [["first"], ["second"], ["fourth"]]
     logged = [e for e in rt.recording.events if e["type"] == "system_prompt_changed"]
     assert [(e["payload"]["version"], e["payload"]["text"]) for e in logged] == [(2, "second"), (3, "fourth")]
+
+
+async def test_a_prompt_set_from_code_replays_though_nothing_sets_it_in_the_replay() -> None:
+    def build(live: bool) -> Agent:
+        ref: list[Agent] = []
+        agent = Agent(ScriptedProvider(_script("done")) if live else never_called(), system_prompt="v1",
+                      tools=[_changing_tool(lambda to: ref[0].set_system_prompt(to))], store=MemoryStore())
+        ref.append(agent)
+        return agent
+
+    async def drive(agent: Agent, port: Any, live: bool) -> list[Outcome]:
+        return [await outcome_of(agent.run("hello", session_id=SID, port=port))]
+
+    rt = await roundtrip(build, drive, SID)  # the replay runs no tool: its agent's prompt stays "v1"
+    assert [_systems(r) for r in rt.replayed_requests] == [["v1"], ["v2"]]
+    reads = [e for e in rt.recording.segments[0].effects if e.kind == "system_prompt"]
+    assert [e.args for e in reads] == [{"source": f"code:{prompt_digest('v1')}"}] * 2
