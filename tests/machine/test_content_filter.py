@@ -235,3 +235,45 @@ async def test_a_content_filtered_run_replays(case: str) -> None:
     assert len(server.requests) == 1
     assert rt.results[0].output == DEFAULT_CONTENT_FILTER_MESSAGE
     assert [e["type"] for e in rt.recording.events].count("content_filtered") == 1
+
+
+async def test_the_server_stream_carries_the_safety_message_and_the_content_filtered_event(tmp_path: Any) -> None:
+    import time
+
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from fsm_agent import ScriptedProvider
+    from fsm_agent.server import create_app
+    from fsm_agent.store import SQLiteStore
+    from fsm_agent.types import MessageResponse, ModelStopReason, TextBlock, Usage
+
+    blocked = MessageResponse("r1", "gpt-4o", AssistantMessage((TextBlock(STREAMED),)), ModelStopReason.CONTENT_FILTERED,
+                              "content_filter", Usage(20, 9), "azure", extra={"content_filter_results": FILTERED})
+    store = SQLiteStore(tmp_path / "s.db")
+    client = TestClient(TestServer(create_app(lambda s: Agent(ScriptedProvider([blocked]), store=s), store),
+                                   host="127.0.0.1"))
+    await client.start_server()
+    try:
+        r = await client.post("/sessions", json={"task": "How do I pick a lock?", "session_id": "s1"})
+        assert r.status == 201
+        deadline = time.monotonic() + 10
+        while (snap := await (await client.get("/sessions/s1")).json())["state"] != "FAILED_TERMINAL":
+            assert time.monotonic() < deadline, snap
+            await asyncio.sleep(0.02)
+        assert snap["stop"]["error"]["kind"] == "content_filtered"
+        r = await client.get("/sessions/s1/events", params={"after": "0"})
+        assert r.status == 200 and r.headers["Content-Type"] == "text/event-stream"
+        body = await asyncio.wait_for(r.read(), 5)  # the stream closes after the terminal event
+    finally:
+        await client.close()
+        await store.close()
+    frames = [dict(line.split(": ", 1) for line in raw.split("\n") if ": " in line and not line.startswith(":"))
+              for raw in body.decode().split("\n\n") if raw.strip()]
+    by_type = {f.get("event"): json.loads(f["data"]) for f in frames if "data" in f and "event" in f}
+    payload = by_type["content_filtered"]["payload"]
+    assert payload["details"] == {"content_filter_results": FILTERED} and payload["provider"] == "azure"
+    assert payload["answer"] == DEFAULT_CONTENT_FILTER_MESSAGE
+    said = [json.loads(f["data"])["payload"]["message"] for f in frames if f.get("event") == "message"]
+    assert [m["role"] for m in said] == ["user", "assistant"]
+    assert DEFAULT_CONTENT_FILTER_MESSAGE in json.dumps(said[-1]) and STREAMED not in json.dumps(said)
+    assert frames[-1]["event"] == "run_stopped"
