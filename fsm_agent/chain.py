@@ -250,10 +250,14 @@ class MiddlewareChain:
         for h in self._pre_turn:
             await _call(h, "pre_turn", ctx)
 
-    def model_event(self, event: StreamEvent, ctx: RunContext) -> StreamEvent | None:
-        """Pass a stream event through every ``on_model_event``; ``None`` once one hides it."""
-        out: StreamEvent | None = event
-        for h in self._events:
+    def model_event(self, event: StreamEvent, ctx: RunContext, start: int = 0) -> tuple[StreamEvent, ...]:
+        """Pass a stream event through every ``on_model_event`` (from the ``start``-th on): the events
+        to hand on, in order. ``()`` once one hides it; a hook that returns a tuple puts those events
+        in its place, each passed through the hooks after it."""
+        out: Any = event
+        hooks = self._events
+        for n in range(start, len(hooks)):
+            h = hooks[n]
             try:
                 out = h.fn(out, ctx)
             except (Signal, ReplayDivergence) as sig:  # StopRun from on_model_event ends the run as from any other hook
@@ -265,8 +269,10 @@ class MiddlewareChain:
                     continue
                 raise MiddlewareError(h.name, "on_model_event", exc) from exc
             if out is None:
-                return None
-        return out
+                return ()
+            if type(out) is tuple:
+                return tuple(e for ev in out for e in self.model_event(ev, ctx, n + 1))
+        return (out,)
 
     async def tool_decisions(self, call: ToolUseBlock, ctx: RunContext) -> list[tuple[str, ToolDecision]]:
         """Each middleware's decision on ``call`` in order, as (name, decision), stopping at a final one

@@ -299,7 +299,7 @@ class Middleware:
         """
         return await call_next(request)
 
-    def on_model_event(self, event: StreamEvent, ctx: RunContext) -> StreamEvent | None:
+    def on_model_event(self, event: StreamEvent, ctx: RunContext) -> StreamEvent | tuple[StreamEvent, ...] | None:
         """Filter the stream: **Model**, each event of a streamed model call, in list order,
         before the observers see it (always a plain ``def``: it is on the hot path).
 
@@ -308,9 +308,12 @@ class Middleware:
 
         Returns:
             The event to pass on (the same or a changed one), or ``None`` to hide it from the
-            middleware after this one and from the observers. What the model answered is not
-            changed by this hook (the final response is taken before it): use
-            :meth:`wrap_model_call` for that.
+            middleware after this one and from the observers, or a tuple of events to pass on in its
+            place, in order (each goes through the middleware after this one as if it had streamed;
+            ``()`` hides the event like ``None``). A tuple lets a filter that held text back release
+            it before the event that ends the text (a block's end, ``MessageComplete``): the
+            ``redaction`` plugin does this. What the model answered is not changed by this hook (the
+            final response is taken before it): use :meth:`wrap_model_call` for that.
 
         Raises:
             Nothing, by contract. Every exception here, ``StopRun`` included, is a failure of this

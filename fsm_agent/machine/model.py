@@ -29,7 +29,7 @@ from ..types.events import ModelRetry, ModelStreamEvent
 from ..types.messages import AssistantMessage, Message, ModelStopReason
 from ..types.requests import MessageRequest, MessageResponse
 from ..types.run import StopReason
-from ..types.stream import StreamEvent
+from ..types.stream import ErrorEvent, MessageComplete, StreamEvent
 from .controls import Controls
 from .host import ControlCut, Host
 from .outcome import Move, Outcome, Stop
@@ -67,26 +67,44 @@ class ModelPhase:
         stream = h.run_state.config.stream
         on_event = self._on_event if stream and not quiet and (h.chain.filters_model_events
                                                                or h.bus.wants(ModelStreamEvent)) else None
+        ended = True  # the last stream event seen ended its stream (MessageComplete, ErrorEvent), or none came
+        if on_event is not None and h.chain.filters_model_events:
+            watched = on_event
+
+            async def on_event(event: StreamEvent) -> None:
+                nonlocal ended
+                ended = type(event) in (MessageComplete, ErrorEvent)
+                await watched(event)
         try:
             return await h.port.call_model(provider, request, stream=stream, on_event=on_event,
                                            on_retry=self._on_retry, trace=trace, deadline_s=deadline_s)
-        except Exception:
+        except Exception as exc:
             fl = h.inflight
             if trace is fl.trace:  # a failed call takes its streamed text with it: it is not an answer
                 fl.failed_partial = trace.streamed
                 trace.text.clear()
+            if not ended:
+                await self._stream_failed(exc)
             raise
+
+    async def _stream_failed(self, exc: Exception) -> None:
+        """A stream that raised without an ``ErrorEvent`` of its own (a provider other than the HTTP ones,
+        a deadline, a broken parser): the chain's filters get one, as every HTTP provider sends before it
+        raises, so that a filter holding text back (the ``redaction`` plugin) releases it, masked, to the
+        observers before the call fails. The error being raised stays the call's error: a filter that
+        fails here is logged, never raised in its place."""
+        try:
+            await self._on_event(ErrorEvent(getattr(exc, "kind", None) or "error", str(exc)))
+        except Exception:  # noqa: BLE001 - the provider's error is the one to raise
+            log.exception("a stream filter failed on the error event of a failed model call")
 
     async def _on_event(self, event: StreamEvent) -> None:
         h = self.h
         ctx = h.view
-        if h.chain.filters_model_events:
-            out = h.chain.model_event(event, ctx)
-            if out is None:
-                return
-            event = out
-        if h.bus.wants(ModelStreamEvent):
-            await h.bus.emit(ModelStreamEvent(ctx.session_id, h.run_state.turn, event, ctx.state_name))
+        events = h.chain.model_event(event, ctx) if h.chain.filters_model_events else (event,)
+        if events and h.bus.wants(ModelStreamEvent):
+            for ev in events:  # a filter may hide an event or put several in its place
+                await h.bus.emit(ModelStreamEvent(ctx.session_id, h.run_state.turn, ev, ctx.state_name))
 
     async def _on_retry(self, exc: ProviderError, attempt: int, delay_s: float) -> None:
         """The provider is about to retry an HTTP attempt: a ``model_retry`` event for the session log
