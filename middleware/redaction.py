@@ -15,16 +15,20 @@ Where masking happens (and nothing else is touched):
    innermost), so its ``pre_turn`` runs after every other one and masks what
    they added too (LoopDetection's notice quotes tool results); MessageRepair thus
    trims before masking (a placeholder, 18-30 characters, may outgrow its original).
-2. **Stream events** — ``on_model_event`` masks each event before observers see
-   it: text / thinking / refusal / tool-argument deltas, ``ToolCallEnd.call``,
-   ``MessageComplete.full_response`` and ``ErrorEvent.message`` (a provider error
-   may echo a key). No holdback buffer is needed for *originals*: the model only
-   ever receives placeholders, so what it streams is placeholders (harmless even
-   when split across deltas) or text it made up itself. A made-up secret-looking
-   value split across two deltas is not masked in those deltas (it is masked in
-   ``MessageComplete``); a lossless holdback needs ``on_model_event`` to return
-   several events for one, which the contract does not allow today. Thinking
-   deltas are masked here although thinking blocks are not masked before the model.
+2. **Stream events** — ``on_model_event`` masks what observers (the command line's
+   printer, the server's live SSE deltas, any observer) see: text / thinking / refusal /
+   tool-argument deltas, ``ToolCallEnd.call``, ``MessageComplete.full_response`` and
+   ``ErrorEvent.message`` (a provider error may echo a key). A value split over several deltas is
+   masked too: each block's deltas (text, thinking, tool-call arguments; the refusal) go through
+   a streaming masker (:class:`StreamMasker`) that emits at once all text no continuation could
+   change and holds back only what could still become a match: for a literal, the longest
+   suffix that is a proper prefix of it; for a pattern, text from where the pattern, partially
+   matched (the ``regex`` package's partial matching), could still match or extend its match. The
+   held text comes out, masked, just before the event that ends its block (``ContentBlockEnd``,
+   ``ToolCallEnd``, ``MessageComplete``, ``ErrorEvent``), so the deltas of a block add up to the
+   block masked whole. What that costs (characters and milliseconds held) is in
+   ``docs/redaction.md``. Thinking deltas, and the thinking blocks of ``MessageComplete``, are
+   masked here although thinking blocks are not masked before the model.
 3. **Traces** — ``mask_for_telemetry`` masks what OpenTelemetry content capture puts on spans
    (:mod:`fsm_agent.otel`: message content, tool arguments and results, stop details), with
    this run's placeholder for a value the model already saw masked and ``[REDACTED:<kind>]`` for
@@ -57,14 +61,17 @@ import re
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
 from typing import Any
 
+import regex
 from attrs import evolve, field, frozen
 
 from fsm_agent import ConfigurationError, Middleware, Ordering, RunContext
-from fsm_agent.types import (AssistantMessage, ErrorEvent, Message, MessageComplete, RefusalDelta, StreamEvent,
-                             SystemMessage, TextBlock, TextDelta, ThinkingDelta, ToolCallArgumentsDelta, ToolCallEnd,
+from fsm_agent.types import (AssistantMessage, ContentBlockEnd, ContentBlockStart, ErrorEvent, Message,
+                             MessageComplete, MessageStart, RefusalDelta, StreamEvent, SystemMessage, TextBlock,
+                             TextDelta, ThinkingBlock, ThinkingDelta, ToolCallArgumentsDelta, ToolCallEnd,
                              ToolResultBlock, ToolResultMessage, ToolUseBlock, UserMessage)
 
-__all__ = ["DEFAULT_RULES", "PLACEHOLDER", "Redaction", "RedactionFilter", "RedactionRule", "iban_valid", "luhn_valid"]
+__all__ = ["DEFAULT_RULES", "PLACEHOLDER", "STREAM_CONTEXT", "Redaction", "RedactionFilter", "RedactionRule",
+           "StreamMasker", "iban_valid", "luhn_valid"]
 
 PLACEHOLDER = re.compile(r"\[REDACTED:([a-z0-9_]+):(\d+)\]")
 """A run's placeholder: ``[REDACTED:<kind>:<n>]`` (kind in ``[a-z0-9_]``, ``n`` from 1 per kind)."""
@@ -193,6 +200,123 @@ def _replacer(rule: RedactionRule, assign: Callable[[str, str], str]) -> Callabl
     return repl
 
 
+STREAM_CONTEXT = 256
+"""Characters of already released text a streamed block keeps for the rules' lookbehinds, ``\\b`` and
+``^`` (a rule's lookbehind that looks further back than this is not honoured while streaming)."""
+
+
+def _touching(pattern: re.Pattern[str]) -> Any:
+    """``pattern`` made never to match, so that ``search(text, pos, partial=True)`` finds the first start
+    from which the pattern's matching reads to the end of ``text`` (where more text could still change
+    whether, and how far, it matches); ``regex`` otherwise prefers any full match to a partial one."""
+    src = pattern.pattern
+    if not isinstance(src, str):  # pragma: no cover - RedactionRule compiles str patterns only
+        raise ConfigurationError("redaction patterns must be str patterns")
+    nl = "\n" if pattern.flags & re.VERBOSE else ""  # a trailing comment must not swallow the ")"
+    try:
+        return regex.compile(f"(?:{src}{nl})(?!)", pattern.flags)
+    except regex.error as exc:
+        raise ConfigurationError(f"redaction pattern {src!r} cannot be matched while streaming ({exc}); rewrite it "
+                                 "in syntax the `regex` package accepts, or pass mask_events=False") from exc
+
+
+class _Stage:
+    """One rule applied to one stream of text as ``pattern.sub`` would apply it to the whole text,
+    releasing each character as soon as no continuation of the stream can change how it is masked."""
+
+    __slots__ = ("buf", "pattern", "pos", "repl", "touch")
+
+    def __init__(self, pattern: re.Pattern[str], touch: Any, repl: Callable[[re.Match[str]], str]) -> None:
+        self.pattern, self.touch, self.repl = pattern, touch, repl
+        self.buf = ""  # context (already released) + held text
+        self.pos = 0  # where the held text starts in buf
+
+    def feed(self, text: str, final: bool) -> str:
+        buf = self.buf + text if text else self.buf
+        pos, end = self.pos, len(buf)
+        out: list[str] = []
+        touch = -1
+        while pos < end:
+            if final:
+                hold = end
+            else:
+                if touch < pos:
+                    t = self.touch.search(buf, pos, partial=True)
+                    touch = end if t is None else t.start()
+                hold = touch
+            m = self.pattern.search(buf, pos)
+            if m is None or m.start() >= hold or (not final and m.end() >= end):
+                # nothing decided starts before `hold`: release up to it, keep the rest
+                stop = hold if m is None else min(hold, m.start())
+                out.append(buf[pos:stop])
+                pos = stop
+                break
+            out.append(buf[pos:m.start()])
+            out.append(self.repl(m))
+            if m.end() > m.start():
+                pos = m.end()
+            else:  # an empty match: keep the next character as it is (as re.sub moves on past it)
+                out.append(buf[m.end():m.end() + 1])
+                pos = m.end() + 1
+        if pos > 2 * STREAM_CONTEXT:
+            cut = pos - STREAM_CONTEXT
+            buf, pos = buf[cut:], pos - cut
+        self.buf, self.pos = buf, pos
+        return "".join(out)
+
+    @property
+    def held(self) -> int:
+        return len(self.buf) - self.pos
+
+
+class StreamMasker:
+    """Masks one stream of text (one content block) that arrives in pieces, so that the pieces it
+    returns add up to the whole text masked at once, never show a value split over several pieces,
+    and lag the input by as little as the rules need.
+
+    ``feed(piece)`` returns the text that can be released now (``""`` while everything is held);
+    ``flush()`` releases the rest at the end of the text. Each rule is a stage (the output of one is
+    the input of the next, as in :meth:`RedactionFilter.mask`), and a stage holds back text from
+    the first position where its pattern, matched partially, reaches the end of what has arrived:
+    for a literal, the longest suffix that is a proper prefix of it; for ``\\d{13,19}``, a trailing
+    run of digits; for the e-mail rule, a trailing word (it could be followed by ``@``). A match
+    that ends exactly at the end of what has arrived is held as well (it could still grow).
+    ``held`` is the number of characters held now.
+
+    Args:
+        rules: the rules, in the order they apply.
+        assign: ``assign(kind, value) -> placeholder`` (see :class:`Redaction`).
+        touching: the rules' never-matching twins (built with the rules; internal).
+    """
+
+    __slots__ = ("_stages",)
+
+    def __init__(self, rules: tuple[RedactionRule, ...], assign: Callable[[str, str], str],
+                 touching: tuple[Any, ...] | None = None) -> None:
+        touch = touching if touching is not None else tuple(_touching(r.pattern) for r in rules)
+        self._stages = tuple(_Stage(r.pattern, t, _replacer(r, assign)) for r, t in zip(rules, touch))
+
+    def feed(self, text: str) -> str:
+        """The masked text that can be released after ``text`` arrived."""
+        for st in self._stages:
+            text = st.feed(text, False)
+            if not text:  # nothing reaches the next stages this time
+                break
+        return text
+
+    def flush(self) -> str:
+        """The rest, masked (the text has ended)."""
+        text = ""
+        for st in self._stages:
+            text = st.feed(text, True)
+        return text
+
+    @property
+    def held(self) -> int:
+        """Characters held back now (across the stages; a placeholder counts as its length)."""
+        return sum(st.held for st in self._stages)
+
+
 def _build_rules(kinds: Collection[str] | None, patterns: Mapping[str, str | re.Pattern[str]],
                  literals: Iterable[str] | Mapping[str, str]) -> tuple[RedactionRule, ...]:
     known = {r.kind for r in DEFAULT_RULES}
@@ -285,6 +409,7 @@ class Redaction(Middleware):
         r = (restore_in_tool_args,) if isinstance(restore_in_tool_args, str) else restore_in_tool_args
         self.restore_in_tool_args: bool | frozenset[str] = r if isinstance(r, bool) else frozenset(r)
         self.mask_events = mask_events
+        self._touching = tuple(_touching(r.pattern) for r in self.rules) if mask_events else ()
 
     def __repr__(self) -> str:
         shown = r if isinstance(r := self.restore_in_tool_args, bool) else sorted(r)
@@ -330,7 +455,10 @@ class Redaction(Middleware):
             known = ctx.state(self).get("placeholders") or {}
         return self._masker.mask(text, lambda kind, value: known.get(value) or f"[REDACTED:{kind}]")
 
-    def _block(self, b: Any, assign: Callable[[str, str], str]) -> Any:
+    def _block(self, b: Any, assign: Callable[[str, str], str], thinking: bool = False) -> Any:
+        if thinking and isinstance(b, ThinkingBlock):  # observers' copy only: the model's must stay as signed
+            text = self._masker.mask(b.thinking, assign)
+            return b if text == b.thinking else evolve(b, thinking=text)
         if isinstance(b, TextBlock):
             text = self._masker.mask(b.text, assign)
             return b if text == b.text else evolve(b, text=text)
@@ -343,10 +471,10 @@ class Redaction(Middleware):
             return b if content == b.content else evolve(b, content=content)
         return b  # images, audio, files, thinking, extensions: not covered (module doc)
 
-    def _message(self, m: Message, assign: Callable[[str, str], str]) -> Message:
+    def _message(self, m: Message, assign: Callable[[str, str], str], thinking: bool = False) -> Message:
         if not isinstance(m, (SystemMessage, UserMessage, AssistantMessage, ToolResultMessage)):
             return m  # UserImageMessage: not covered
-        content = tuple(self._block(b, assign) for b in m.content)
+        content = tuple(self._block(b, assign, thinking) for b in m.content)
         return m if content == m.content else evolve(m, content=content)
 
     # -- hooks ---------------------------------------------------------------------
@@ -364,32 +492,77 @@ class Redaction(Middleware):
             out.append(hit[1])
         ctx.messages = out
 
-    def on_model_event(self, event: StreamEvent, ctx: RunContext) -> StreamEvent | None:
-        """Mask one stream event for observers (the response the runtime keeps is not changed)."""
+    def on_model_event(self, event: StreamEvent, ctx: RunContext) -> StreamEvent | tuple[StreamEvent, ...] | None:
+        """Mask one stream event for observers (the response the runtime keeps is not changed).
+
+        A delta comes back with only the text that can be released (``None`` while all of it is
+        held); the event that ends a block (``ContentBlockEnd``, ``ToolCallEnd``) or the stream
+        (``MessageComplete``, ``ErrorEvent``) comes back after the deltas that release what was held."""
         if not self.mask_events:
             return event
-        assign = self._assigner(ctx.state(self))
-        mask = self._masker.mask
+        state = ctx.state(self)
+        streams: dict[tuple[str, int], StreamMasker] = state.setdefault("_streams", {})
         if isinstance(event, (TextDelta, ThinkingDelta, RefusalDelta)):
-            text = mask(event.text, assign)
-            return event if text == event.text else evolve(event, text=text)
+            index = -1 if isinstance(event, RefusalDelta) else event.index
+            text = self._stream(streams, event.TAG, index, state).feed(event.text)
+            return event if text == event.text else evolve(event, text=text) if text else None
         if isinstance(event, ToolCallArgumentsDelta):
-            args = mask(event.arguments, assign)
-            return event if args == event.arguments else evolve(event, arguments=args)
+            args = self._stream(streams, event.TAG, event.index, state).feed(event.arguments)
+            return event if args == event.arguments else evolve(event, arguments=args) if args else None
+        assign = self._assigner(state)
+        if isinstance(event, ContentBlockEnd):
+            return self._flushed(streams, event.index, event)
         if isinstance(event, ToolCallEnd):
             call = self._block(event.call, assign)
-            return event if call is event.call else evolve(event, call=call)
+            return self._flushed(streams, event.index, event if call is event.call else evolve(event, call=call))
+        if isinstance(event, (ContentBlockStart, MessageStart)):  # a new block, or a new stream (a retry)
+            for key in [k for k in streams if isinstance(event, MessageStart) or k[1] == event.index]:
+                del streams[key]  # what a cut stream held is dropped, never released into the new one
+            return event
+        mask = self._masker.mask
         if isinstance(event, MessageComplete):
             resp = event.full_response
-            message = self._message(resp.message, assign)
+            message = self._message(resp.message, assign, thinking=True)
             assert isinstance(message, AssistantMessage)  # _message keeps the message type
             refusal = None if resp.refusal is None else mask(resp.refusal, assign)
             unchanged = message is resp.message and refusal == resp.refusal
-            return event if unchanged else MessageComplete(evolve(resp, message=message, refusal=refusal))
+            return self._flushed(streams, None, event if unchanged else
+                                 MessageComplete(evolve(resp, message=message, refusal=refusal)))
         if isinstance(event, ErrorEvent):
             msg = mask(event.message, assign)
-            return event if msg == event.message else evolve(event, message=msg)
+            return self._flushed(streams, None, event if msg == event.message else evolve(event, message=msg))
         return event
+
+    def _stream(self, streams: dict[tuple[str, int], StreamMasker], tag: str, index: int,
+                state: dict[str, Any]) -> StreamMasker:
+        masker = streams.get((tag, index))
+        if masker is None:
+            masker = streams[(tag, index)] = StreamMasker(self.rules, self._assigner(state), self._touching)
+        return masker
+
+    @staticmethod
+    def _flushed(streams: dict[tuple[str, int], StreamMasker], index: int | None,
+                 event: StreamEvent) -> StreamEvent | tuple[StreamEvent, ...]:
+        """``event`` after the deltas releasing what the streams of block ``index`` (``None``: every
+        stream, the refusal's too) still hold."""
+        keys = [k for k in streams if index is None or k[1] == index]
+        if not keys:
+            return event
+        out: list[StreamEvent] = []
+        for tag, i in keys:
+            text = streams.pop((tag, i)).flush()
+            if not text:
+                continue
+            if tag == TextDelta.TAG:
+                out.append(TextDelta(i, text))
+            elif tag == ThinkingDelta.TAG:
+                out.append(ThinkingDelta(i, text))
+            elif tag == ToolCallArgumentsDelta.TAG:
+                out.append(ToolCallArgumentsDelta(i, text))
+            else:
+                out.append(RefusalDelta(text))
+        out.append(event)
+        return tuple(out)
 
     async def wrap_tool_call(self, call: ToolUseBlock, call_next: ToolCallNext, ctx: RunContext) -> ToolResultMessage:
         """Run the tool with this run's placeholders in its arguments swapped back to the originals,

@@ -24,7 +24,7 @@ PUBLIC = ("fsm_agent", "fsm_agent.errors", "fsm_agent.providers", "fsm_agent.sto
 ``hooks``, ``plugins`` and ``testing`` are not for plugins: what a plugin needs of them is
 re-exported from ``fsm_agent``."""
 
-THIRD_PARTY = frozenset({"attrs", "orjson"})
+THIRD_PARTY = frozenset({"attrs", "orjson", "regex"})
 """Declared dependencies (setup.cfg ``install_requires``) the plugins may use."""
 
 MODULES = sorted(PLUGINS.rglob("*.py"))

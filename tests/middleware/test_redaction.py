@@ -195,8 +195,9 @@ async def test_observers_see_masked_stream_events_while_the_run_keeps_the_answer
                                  "Write to carol@example.net"])
     result = await Agent(provider, tools=tools, middleware=[Redaction()], observers=[rec]).run("hi")
     events = [e.event for e in rec.of(ModelStreamEvent)]
-    assert [e.text for e in events if isinstance(e, TextDelta)] == ["Write to [REDACTED:email:1]"]
-    assert [e.arguments for e in events if isinstance(e, ToolCallArgumentsDelta)] == ['{"text":"call [REDACTED:phone:1]"}']
+    # a block's deltas add up to it masked (the streaming masker may hold a tail back until the block ends)
+    assert "".join(e.text for e in events if isinstance(e, TextDelta)) == "Write to [REDACTED:email:1]"
+    assert "".join(e.arguments for e in events if isinstance(e, ToolCallArgumentsDelta)) == '{"text":"call [REDACTED:phone:1]"}'
     assert [e.call.input for e in events if isinstance(e, ToolCallEnd)] == [{"text": "call [REDACTED:phone:1]"}]
     assert [e.full_response.text for e in events if isinstance(e, MessageComplete)] == ["", "Write to [REDACTED:email:1]"]
     assert result.output == "Write to carol@example.net"  # the runtime's response is the model's own
@@ -220,7 +221,7 @@ async def test_placeholders_split_across_deltas_over_http_never_carry_the_origin
     assert EMAIL.encode() not in received.body
     assert received.json()["messages"] == [{"role": "user", "content": "I am [REDACTED:email:1]"}]
     deltas = [e.event.text for e in rec.of(ModelStreamEvent) if isinstance(e.event, TextDelta)]
-    assert deltas == ["Noted: [REDACTED:em", "ail:1]."]
+    assert "".join(deltas) == "Noted: [REDACTED:email:1]." and all(EMAIL not in d for d in deltas)
     assert EMAIL not in repr(rec.events)
     assert result.output == "Noted: [REDACTED:email:1]."
 
