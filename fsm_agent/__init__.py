@@ -17,6 +17,7 @@ from .errors import (
     ContextLengthExceededError,
     FsmAgentError,
     InvalidPlanError,
+    LoopStop,
     MiddlewareError,
     PermissionsError,
     ProviderError,
@@ -38,6 +39,7 @@ from .errors import (
 )
 from .hooks import HookBus, Observer
 from .config import RunConfig
+from .loops import LoopConfig
 from .context import RunContext
 from .machine import TRANSITIONS, Phase, Trigger
 from .middleware import (
@@ -133,7 +135,9 @@ __all__ = [
     "HookBus",
     "Interrupt",
     "InvalidPlanError",
+    "LoopConfig",
     "LoopControl",
+    "LoopStop",
     "MemoryStore",
     "Message",
     "MessageRequest",

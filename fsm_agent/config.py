@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from attrs import frozen
 
+from .loops import LoopConfig
 from .types.requests import ThinkingConfig
 from .types.structured import OutputSchema
 
@@ -49,6 +50,12 @@ class RunConfig:
     """Keep the system prompt the session uses now (at its start: the one it started with) across its
     turns and resumes, whatever the agent's prompt becomes. ``False`` (default): each PreTurn takes
     the agent's current prompt (``Agent.set_system_prompt``, a ``PromptFile``); see docs/system-prompt.md."""
+    loop_detection: LoopConfig | None = LoopConfig()
+    """Loop detection in the engine (seed 000 §5.4): a :class:`~fsm_agent.LoopConfig` (default: the
+    last 12 calls, patterns of 1, 2 or 3 calls, 3 repetitions with the same results; a warning in
+    the model's context, then ``then``: ``"warn"``, ``"block"`` or ``"stop"``). ``None``: none. A
+    chain with the ``loop_detection`` plugin (or any middleware with ``handles_loops = True``)
+    detects loops itself, and the engine's stands aside. See docs/loops.md."""
     content_filter_message: str = DEFAULT_CONTENT_FILTER_MESSAGE
     """The answer the user gets when the provider's content filter blocks the model's answer or the
     request (seed 000 §5.3.4): it is ``RunResult.output`` and the run's last assistant message, and

@@ -62,8 +62,10 @@ Control-flow signals form their own family, outside :class:`FsmAgentError`::
 
     Signal
     ├── StopRun                        middleware asks the driver to end the run with a StopReason
-    │   └── GuardrailTripwireTriggered  a guardrail's tripwire fired: FAILED_TERMINAL, error kind
-    │                                  ``guardrail_tripwire`` naming the guardrail
+    │   ├── GuardrailTripwireTriggered  a guardrail's tripwire fired: FAILED_TERMINAL, error kind
+    │   │                              ``guardrail_tripwire`` naming the guardrail
+    │   └── LoopStop                   a model that went on with a loop of tool calls after the warning:
+    │                                  FAILED_TERMINAL, error kind ``loop_detected`` naming the calls
     └── SuspendCall                    a tool's call cannot finish now but can later: the run stops
         │                              INTERRUPTED with that call pending, and a resume runs it again
         ├── WaitForHuman               a tool's call cannot finish without a person: the run stops
@@ -103,6 +105,7 @@ __all__ = [
     "InvalidPlanError",
     "InvalidRequestError",
     "LeaseLost",
+    "LoopStop",
     "MiddlewareError",
     "NotFoundError",
     "OutcomeUnknown",
@@ -706,6 +709,27 @@ class GuardrailTripwireTriggered(StopRun):
         super().__init__("FAILED_TERMINAL", f"{who} tripped{': ' + message if message else ''}",
                          error={"kind": "guardrail_tripwire", "guardrail": guardrail, "guardrail_kind": kind,
                                 "message": message, "info": info})
+
+
+class LoopStop(StopRun):
+    """Signal: a model went on with a loop of tool calls after it was warned, and the run ends.
+
+    A :class:`StopRun` for ``FAILED_TERMINAL`` whose stop carries ``error={"kind": "loop_detected",
+    "pattern": ["name {arguments}", ...], **details}``. The engine raises it for
+    ``RunConfig(loop_detection=LoopConfig(then="stop"))`` (details: ``count``, the times the pattern
+    came back with the same results, and ``call_id``, the call that went on with it); the
+    ``loop_detection`` plugin raises it when its escalation ends the run.
+
+    Args:
+        detail: why, in words (the stop's detail).
+        pattern: the calls of the loop, as ``name {arguments}``.
+        details: more of the ``error`` payload (JSON-like values).
+    """
+
+    def __init__(self, detail: str, *, pattern: list[str], **details: Any) -> None:
+        self.pattern = list(pattern)
+        super().__init__("FAILED_TERMINAL", detail, error={"kind": "loop_detected", "pattern": self.pattern,
+                                                           **details})
 
 
 class SuspendCall(Signal):

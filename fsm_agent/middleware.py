@@ -186,11 +186,15 @@ class Middleware:
         name: unique name in a chain (default: the class name).
         ordering: an :class:`Ordering` (default: where the user listed it).
         failure_policy: ``"propagate"`` (default, fail closed) or ``"isolate"``.
+        handles_loops: ``True`` for a middleware that detects loops of tool calls itself (the
+            ``loop_detection`` plugin): in a chain that has one, the engine's loop detection
+            (``RunConfig.loop_detection``) stands aside, so that a model is not warned twice.
     """
 
     name: ClassVar[str] = ""
     ordering: ClassVar[Ordering] = Ordering()
     failure_policy: ClassVar[FailurePolicy | str] = FailurePolicy.PROPAGATE
+    handles_loops: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kw: Any) -> None:
         super().__init_subclass__(**kw)

@@ -1,5 +1,14 @@
 """Loop detection: warn, then block, then stop a model that repeats tool calls without progress.
 
+**The engine detects loops without this plugin.** Every run has ``RunConfig.loop_detection``
+(:class:`fsm_agent.LoopConfig`, seed 000 §5.4: a warning, then ``warn`` again, ``block`` or
+``stop``; docs/loops.md). This plugin is the escalation for those who want more than one
+fixed answer: warn, then block, then stop after ``max_blocks`` turns of denials, with denials by
+other middleware and people counted. With it in the chain the engine's detection stands aside
+(``handles_loops``), so the model is never warned twice. Both find loops with the same code,
+:mod:`fsm_agent.loops` (identities, :func:`~fsm_agent.loops.find_pattern`); this module adds the
+escalation.
+
 Sources: DESIGN.md §4; seed 000 §5.4 (octos ``loop_detect.rs``); case B22 (false positives versus a
 real loop); issue 8 item 4 (progress versus no progress; alternation through denials); issue 19
 item 6 (a repeat is judged once its result is in: polling is not a loop).
@@ -73,24 +82,17 @@ window is let through without looking for patterns.
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-import orjson
-
-from fsm_agent import Deny, Middleware, Ordering, RunContext, StopReason, StopRun
-from fsm_agent.types import (AssistantMessage, TextBlock, ToolResultMessage, ToolUseBlock, UserImageMessage,
-                             UserMessage, unstructure)
+from fsm_agent import Deny, Middleware, Ordering, RunContext
+from fsm_agent.errors import LoopStop
+from fsm_agent.loops import NOTICE_PREFIX, call_identity, find_pattern, find_repetition, result_identity
+from fsm_agent.types import AssistantMessage, ToolResultMessage, ToolUseBlock, UserImageMessage, UserMessage
 
 __all__ = ["NOTICE_PREFIX", "LoopDetection", "call_identity", "find_repetition", "result_identity"]
 
-NOTICE_PREFIX = "[runtime notice: loop detection]"
-"""First words of the warning message."""
-
 _NOT_RUN_KEYS = ("denied_by", "responded_by")
-_SORTED = orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS
 
 
 class _Step(NamedTuple):
@@ -109,94 +111,6 @@ class _Step(NamedTuple):
     """``name {args}``, for messages."""
     preview: str
     """The start of the result text, for messages."""
-
-
-def _canonical(value: Any) -> str:
-    """``value`` as canonical JSON: sorted keys, compact, UTF-8 text (not ``\\u`` escapes)."""
-    try:
-        return orjson.dumps(value, option=_SORTED, default=str).decode()
-    except orjson.JSONEncodeError:  # an integer past 64 bits, a key orjson cannot sort: the slow path
-        return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
-
-
-def _args(call: ToolUseBlock) -> str:
-    if call.raw_input is not None:
-        return f"raw:{call.raw_input}"
-    return _canonical(call.input)
-
-
-def call_identity(call: ToolUseBlock) -> str:
-    """``name`` + NUL + arguments as canonical JSON (sorted keys, compact) or ``raw:<text>``."""
-    return f"{call.name}\x00{_args(call)}"
-
-
-def result_identity(result: ToolResultMessage) -> str:
-    """A hash of ``is_error`` and the result's content blocks as canonical JSON (sorted keys)."""
-    blocks = [b.text if type(b) is TextBlock and not b.citations else unstructure(b) for b in result.content]
-    return hashlib.sha256(_canonical([int(result.is_error), blocks]).encode()).hexdigest()[:32]
-
-
-def _periodic(steps: Sequence[tuple[Any, ...]], length: int, same_results: bool = True) -> tuple[int, int]:
-    """``(tail, known)``: how many of the last ``steps`` repeat the last ``length`` ones with period
-    ``length``, and the fewest known results any one phase of that tail has.
-
-    Steps are ``(call identity, result identity or None, ...)``. Within one phase of the period
-    every call must be equal and (``same_results``) every known result equal. ``None`` (no result:
-    not run, or not run yet) matches any result and is not counted as known; results are compared
-    against the phase's result, not just the neighbour's, so a ``None`` between two different
-    results does not join them.
-    """
-    n = len(steps)
-    first: list[str | None] = [None] * length
-    known = [0] * length
-    k = 0
-    while k < n:
-        s = steps[n - 1 - k]
-        phase = k % length
-        if k >= length and s[0] != steps[n - 1 - phase][0]:
-            break
-        result = s[1]
-        if result is not None:
-            if same_results:
-                if first[phase] is None:
-                    first[phase] = result
-                elif first[phase] != result:
-                    break
-            known[phase] += 1
-        k += 1
-    return k, min(known)
-
-
-def _find(steps: Sequence[tuple[Any, ...]], repeats: int, max_pattern: int,
-          same_results: bool = True) -> tuple[int, int] | None:
-    """``(pattern length, periodic tail length)`` of a pattern whose calls came back with their
-    results at least ``repeats`` times in a row at the end of ``steps``: the one with the longest
-    periodic tail, the shortest of equals; or ``None``. (The longest tail, because a step without a
-    result matches any result: after on, off, on, off, on, (denied) the tail "on, (denied)" is a
-    shorter and wrong reading.)"""
-    best: tuple[int, int] | None = None
-    for length in range(1, max_pattern + 1):
-        if len(steps) < length * repeats:
-            break
-        tail, known = _periodic(steps, length, same_results)
-        if known >= repeats and (best is None or tail > best[1]):
-            best = (length, tail)
-    return best
-
-
-def find_repetition(steps: Sequence[tuple[str, str | None]], *, repeats: int,
-                    max_pattern: int = 3, same_results: bool = True) -> int | None:
-    """Length of the pattern (1..``max_pattern``) that ``steps`` end with, ``repeats`` or more times
-    in a row with every result known, or ``None``. Of several, the one that covers the most steps,
-    then the shortest.
-
-    ``steps``: ``(call identity, result identity or None)``, oldest first. Repetitions match when
-    their calls are equal and (with ``same_results``) their results are equal. ``None`` is a call
-    whose result is not known (it did not run, or has not run yet): it matches any result but
-    does not count as a repetition, so ``[(A, r), (A, r), (A, None)]`` is not yet a loop of 3.
-    """
-    found = _find(steps, repeats, max_pattern, same_results)
-    return None if found is None else found[0]
 
 
 def _loop_key(steps: Sequence[_Step]) -> tuple[str, ...]:
@@ -244,6 +158,9 @@ class LoopDetection(Middleware):
     name = "loop_detection"
 
     ordering = Ordering(position="innermost")
+
+    handles_loops = True
+    """The engine's own loop detection (``RunConfig.loop_detection``) stands aside in a chain with this one."""
 
     def __init__(self, *, window: int = 12, max_pattern: int = 3, repeats: int = 3,
                  max_blocks: int = 1, same_results: bool = True) -> None:
@@ -315,7 +232,7 @@ class LoopDetection(Middleware):
         return _Step(identity, result_identity(result), turn, False, ran, label, result.text[:120])
 
     def _match(self, steps: Sequence[_Step], repeats: int) -> tuple[int, list[_Step]] | None:
-        found = _find(steps, repeats, self.max_pattern, self.same_results)
+        found = find_pattern(steps, repeats, range(1, self.max_pattern + 1), self.same_results)
         if found is None:
             return None
         length, tail = found
@@ -356,13 +273,11 @@ class LoopDetection(Middleware):
             stops = self._interceptions(tail, length, st["turn"] + 1)
             if len({s.turn for s in stops}) >= max(self.max_blocks, 1):
                 st["events"].append({"action": "stop", "turn": ctx.turn + 1, "pattern": _labels(last)})
-                raise StopRun(
-                    StopReason.FAILED_TERMINAL,
+                raise LoopStop(
                     f"loop detected: {' -> '.join(_labels(last))} was proposed {len(tail) // length} times in a "
                     f"row with the same result each time ({_shown(tail, length)}), so the run was stopped before "
                     "spending its budget",
-                    error={"kind": "loop_detected", "pattern": _labels(last), "blocked": 0,
-                           "executed_in_loop": sum(s.ran for s in tail)})
+                    pattern=_labels(last), blocked=0, executed_in_loop=sum(s.ran for s in tail))
         key = _loop_key(last)
         if key in st["warned"] or any(s.ours for s in tail):  # warned, or already past warnings
             return
@@ -412,13 +327,11 @@ class LoopDetection(Middleware):
         if seen >= self.max_blocks:
             st["events"].append({"action": "stop", "turn": ctx.turn, "pattern": _labels(pattern)})
             warned = "after a warning, " if _loop_key(pattern) in st["warned"] else ""
-            raise StopRun(
-                StopReason.FAILED_TERMINAL,
+            raise LoopStop(
                 f"loop detected: {loop}; {warned}{len(stops)} repeat(s) were denied"
                 f"{'' if all(s.ours for s in stops) else ' or answered without running'} and the "
                 "model proposed it again, so the run was stopped before spending its budget",
-                error={"kind": "loop_detected", "pattern": _labels(pattern), "blocked": blocked,
-                       "executed_in_loop": ran})
+                pattern=_labels(pattern), blocked=blocked, executed_in_loop=ran)
         st["denied"].add(call.id)
         st["events"].append({"action": "block", "turn": ctx.turn, "pattern": _labels(pattern)})
         return Deny(f"loop detected: {loop}; it was not run again. Do not repeat it: use the "

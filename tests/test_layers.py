@@ -26,7 +26,7 @@ PACKAGE = ROOT / "fsm_agent"
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("foundation: errors, value types, pricing, control requests",
      ("fsm_agent._version", "fsm_agent.errors", "fsm_agent.control", "fsm_agent.pricing", "fsm_agent.types.*",
-      "fsm_agent.config", "fsm_agent.conditions", "fsm_agent.permissions")),
+      "fsm_agent.config", "fsm_agent.conditions", "fsm_agent.permissions", "fsm_agent.loops")),
     ("services the engine uses: providers, stores, tools, structured-output checks, the system prompt source",
      ("fsm_agent.providers.*", "fsm_agent.store.*", "fsm_agent.tools.*", "fsm_agent.structured",
       "fsm_agent.sandbox.*", "fsm_agent.prompt")),
@@ -41,7 +41,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
       "fsm_agent.machine.accounting", "fsm_agent.machine.view", "fsm_agent.machine.host")),
     ("the phases on their host",
      ("fsm_agent.machine.controls", "fsm_agent.machine.pre_turn", "fsm_agent.machine.model",
-      "fsm_agent.machine.midturn", "fsm_agent.machine.post_turn", "fsm_agent.machine.gate")),
+      "fsm_agent.machine.midturn", "fsm_agent.machine.post_turn", "fsm_agent.machine.gate",
+      "fsm_agent.machine.loops")),
     ("the loop",
      ("fsm_agent.machine.driver", "fsm_agent.machine")),
     ("observability: OpenTelemetry spans and metrics of a run (its port decorator and observer)",

@@ -12,7 +12,7 @@ import fsm_agent
 MODULES = [
     "fsm_agent", "fsm_agent.types", "fsm_agent.providers", "fsm_agent.machine", "fsm_agent.tools",
     "fsm_agent.errors", "fsm_agent.middleware", "fsm_agent.hooks", "fsm_agent.chain", "fsm_agent.testing",
-    "fsm_agent.prompt",
+    "fsm_agent.prompt", "fsm_agent.loops",
 ]
 
 

@@ -13,7 +13,9 @@ Per call, in the model's order:
    (``decisions_awaited``), reads the answers through the one reader of decisions
    (:func:`fsm_agent.store.decisions.read_decisions`, on the port's store) and logs what it took
    (``decisions_taken``); a ``decision`` control is only a wake-up.
-3. **Policy**: ``on_tool_call`` of each middleware (allow, deny, ask, edit, respond).
+3. **Loop detection** (:mod:`.loops`, ``RunConfig.loop_detection`` with ``then`` ``block`` or
+   ``stop``): a call that goes on with a loop the model was warned of is denied, or ends the run.
+4. **Policy**: ``on_tool_call`` of each middleware (allow, deny, ask, edit, respond).
 
 Before any of this, queued ``restrict`` controls narrow the session's permissions, and every call
 about to run is checked against them (:class:`~.gate.PermissionGate`): before the policy (no
@@ -44,6 +46,7 @@ from attrs import evolve
 
 from ..control import Decision
 from ..errors import OutcomeUnknown, SuspendCall, ToolArgumentsError, WaitForHuman
+from ..loops import Loop
 from ..middleware import AskApproval, Deny, Edit, Respond
 from ..store.base import ControlKind, LedgerStatus
 from ..store.decisions import DECISIONS_AWAITED, DECISIONS_TAKEN, read_decisions
@@ -56,6 +59,7 @@ from ..types.messages import ToolResultMessage
 from ..types.run import PendingAction, StopReason
 from .gate import PermissionGate
 from .host import Host
+from .loops import LoopWatch
 from .outcome import Move, Outcome, Stop
 from .phases import Phase, Trigger
 
@@ -78,12 +82,15 @@ class MidTurn:
     """The MidTurn phase (see the module doc). What is under way (calls started, settled, done,
     suspended) is kept in the host's :class:`~.host.InFlight`, for the controls that may cut it."""
 
-    __slots__ = ("h", "_observing", "gate")
+    __slots__ = ("h", "_observing", "gate", "loops", "_looping")
 
     def __init__(self, host: Host) -> None:
         self.h = host
         self._observing: set[asyncio.Task[None]] = set()
         self.gate = PermissionGate(host)
+        self.loops = LoopWatch(host)
+        self._looping: dict[str, Loop] = {}
+        """The calls of the current MidTurn that go on with a loop (:meth:`LoopWatch.continuing`)."""
 
     async def _refused(self, call: ToolUseBlock, to_run: ToolUseBlock, results: dict[str, ToolResultMessage]) -> bool:
         """``to_run`` (``call`` as decided) is outside the session's permissions: record its denial."""
@@ -129,6 +136,7 @@ class MidTurn:
         results: dict[str, ToolResultMessage] = dict(run.decided_results)
         fl.new_tools()
         fl.settled = results
+        self._looping = self.loops.continuing(calls)
         to_run: list[ToolUseBlock] = []
         pending: list[PendingAction] = []
         approved: dict[str, Decision] = {}  # a person's decisions whose calls have not run yet
@@ -264,6 +272,9 @@ class MidTurn:
         denied = self.gate.denied(call)
         if denied is not None:
             return call, denied, LedgerStatus.REJECTED, None
+        loop = self._looping.get(call.id)
+        if loop is not None:  # it goes on with a loop the model was warned of: not run (or the run stops)
+            return call, await self.loops.refuse(call, loop), LedgerStatus.REJECTED, None
         decided, final, status, ask = await self._plugins_on(call)
         if final is None and decided is not call:
             denied = self.gate.denied(decided)

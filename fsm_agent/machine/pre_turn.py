@@ -1,7 +1,7 @@
 """PreTurn as a phase object: control events → the session's permissions (:mod:`.gate`) → budgets →
 the system prompt (the agent's current one, read through the port) → the context of the next call →
 PreTurn middleware → the current system prompt put into the context → the tools the permissions
-allow → ``call_model``.
+allow → loop detection's warning (:mod:`.loops`) → ``call_model``.
 
 Budgets are checked in seed 000's order: shutdown (interrupt/cancel, taken first) → iterations →
 wall clock → tokens → cost. A budget stop is PAUSED_BUDGET, resumable with a raised budget.
@@ -19,6 +19,7 @@ from ..types.run import StopReason
 from .controls import Controls
 from .gate import PermissionGate
 from .host import Host
+from .loops import LoopWatch
 from .outcome import Move, Outcome, Stop
 from .phases import Trigger
 from .state import RunState
@@ -47,12 +48,13 @@ def budget_exceeded(run: RunState, view: RunView) -> tuple[str, str] | None:
 class PreTurn:
     """The PreTurn phase (see the module doc)."""
 
-    __slots__ = ("h", "controls", "gate")
+    __slots__ = ("h", "controls", "gate", "loops")
 
     def __init__(self, host: Host, controls: Controls) -> None:
         self.h = host
         self.controls = controls
         self.gate = PermissionGate(host)
+        self.loops = LoopWatch(host)
 
     async def run(self) -> Outcome:
         h = self.h
@@ -76,6 +78,7 @@ class PreTurn:
         if prompt is not None:  # after the middleware: a plugin rebuilding the context from the transcript
             _put_prompt(ctx.messages, prompt, ctx._transcript)  # (compaction) finds its messages as they are
         self.gate.offer()  # only the tools the session may call, whatever a plugin chose
+        await self.loops.at_pre_turn()  # after the plugins: the warning reaches the model as it is
         return Move(Trigger.CALL_MODEL, f"turn {run.turn + 1}: context of {len(ctx.messages)} messages built")
 
     async def _system_prompt(self) -> dict[str, Any] | None:

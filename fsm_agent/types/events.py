@@ -225,7 +225,9 @@ class PlanUpdated:
 class PolicyDecision:
     """A middleware decided something that changes the run: on a tool call (``deny``, ``ask``,
     ``edit``, ``respond``, from ``on_tool_call``), on the turn (``complete``, ``continue``, from
-    ``post_turn``), or ended it (``stop``: a ``StopRun`` raised by one of its hooks). Delivered to
+    ``post_turn``), or ended it (``stop``: a ``StopRun`` raised by one of its hooks). The engine's
+    loop detection (``RunConfig.loop_detection``) reports as ``loop_detection`` too: ``warn``
+    (hook ``PreTurn``), ``deny`` (hook ``MidTurn``, with the call) and ``stop``. Delivered to
     observers only; the session log keeps the outcomes (the tool result, the transition, the stop)."""
 
     TAG: ClassVar[str] = "policy_decision"
@@ -237,7 +239,7 @@ class PolicyDecision:
     """The hook that decided (``on_tool_call``, ``post_turn``); for ``stop``, the phase the run was in
     (``PreTurn``, ``Model``, ``MidTurn``, ``PostTurn``)."""
     decision: str
-    """``deny``, ``ask``, ``edit``, ``respond``, ``complete``, ``continue`` or ``stop``."""
+    """``deny``, ``ask``, ``edit``, ``respond``, ``complete``, ``continue``, ``stop`` or ``warn``."""
     reason: str = ""
     """The decision's own words (a deny's reason, a stop's detail ...); may quote the conversation."""
     call: ToolUseBlock | None = None

@@ -17,8 +17,8 @@ import pytest
 
 PLUGINS = Path(__file__).resolve().parents[2] / "middleware"
 
-PUBLIC = ("fsm_agent", "fsm_agent.errors", "fsm_agent.providers", "fsm_agent.store", "fsm_agent.tools",
-          "fsm_agent.types")
+PUBLIC = ("fsm_agent", "fsm_agent.errors", "fsm_agent.loops", "fsm_agent.providers", "fsm_agent.store",
+          "fsm_agent.tools", "fsm_agent.types")
 """The public surfaces a plugin may import from: the package and the subpackages (or modules) whose
 ``__all__`` is the curated, documented surface. ``fsm_agent.machine`` (the engine), ``chain``,
 ``hooks``, ``plugins`` and ``testing`` are not for plugins: what a plugin needs of them is
