@@ -73,7 +73,7 @@ from .permissions import PermissionDenial, PermissionRequest, Permissions, Restr
 from .plugins import default_middleware
 from .prompt import PromptFile, PromptSnapshot
 from .store import MemoryStore, SQLiteStore, Store
-from .structured import StructuredResult, parse_output, structured_call
+from .structured import OutputStream, StructuredResult, parse_output, structured_call
 from .task import AcceptanceCheck, CheckResult, Task, TaskAnswer, TaskBudget, TaskOutcome, TaskResult
 from .tools import RUN_AGAIN, Tool, ToolContext, ToolEffect, ToolRegistry, tool
 from .types import (
@@ -86,6 +86,7 @@ from .types import (
     ModelStopReason,
     ModelStreamEvent,
     NodeStatus,
+    OutputPartial,
     OutputSchema,
     PendingAction,
     Plan,
@@ -152,7 +153,9 @@ __all__ = [
     "NodeStatus",
     "Observer",
     "Ordering",
+    "OutputPartial",
     "OutputSchema",
+    "OutputStream",
     "PendingAction",
     "PermissionDenial",
     "PermissionRequest",

@@ -59,11 +59,13 @@ from .store.base import QUEUED, ControlKind, LedgerEntry, LedgerStatus, SessionR
 from .store.decisions import DecisionOutcome, merge_decisions, read_decisions, write_decision
 from .store.memory import MemoryStore
 from .store.sessions import LoadedSession, load_session, send_control
+from .structured import OutputStream
 from .tools.registry import Tool, ToolRegistry
 from .types.codec import structure, unstructure
 from .types.messages import AssistantMessage, Message, SystemMessage, UserMessage
 from .task import TASK_DEFINITION_KEY, Task, TaskResult, stored_task
 from .types.run import RunResult, RunStop, StopReason
+from .types.structured import OutputSchema
 
 __all__ = ["Agent", "PortFactory", "drain_on_signals"]
 
@@ -744,6 +746,39 @@ class Agent:
         if reason is None:
             raise ResumeError(f"session {session_id} has not stopped yet ({rec.state}): its task has no result")
         return TaskResult.from_run(_stored_result(loaded, reason), task)
+
+    def stream_output(self, task: str | Message | Sequence[Message], *, output_schema: OutputSchema | None = None,
+                      session_id: str | None = None, **kw: Any) -> OutputStream:
+        """Run ``task`` as :meth:`run` does, and stream its structured answer as it comes.
+
+            async with agent.stream_output("Largest city of France?", output_schema=city) as stream:
+                async for part in stream:        # OutputPartial: the answer so far, checked as far as it goes
+                    show(part.value, part.error)
+            stream.result.output_data            # the answer the final check accepted (part.validated)
+
+        The iterator yields :class:`~fsm_agent.types.OutputPartial` values: each answer's JSON value
+        each time it grows (``error`` says what is already wrong, ``None``: valid as far as it goes),
+        then the one the final check accepted (``validated=True``); see
+        :class:`~fsm_agent.structured.OutputStream`. The run starts when the iteration does; partial
+        values need ``RunConfig.stream`` (the default) and a provider that streams, else only the
+        validated one comes. ``kw``: as :meth:`run` (``config``, ``metadata``, ``port``,
+        ``permissions``, limits). Nothing of the partial values is written to the session.
+
+        Raises:
+            ConfigurationError: no output schema (give ``output_schema`` or ``RunConfig.output_schema``);
+                the agent runs on a durable host (``host=``: the answer streams in a worker, not here).
+        """
+        cfg = kw.get("config") or self.config
+        if output_schema is None and cfg.output_schema is None and kw.get("output_schema") is None:
+            raise ConfigurationError("stream_output needs an output schema: pass output_schema=OutputSchema(...) "
+                                     "or set RunConfig.output_schema")
+        if self.host is not None and kw.get("port") is None:
+            raise ConfigurationError("stream_output runs in this process: the agent has a durable host, whose "
+                                     "workers stream the answer; use run() and the result's output_data")
+        if output_schema is not None:
+            kw["output_schema"] = output_schema
+        sid = session_id or uuid.uuid4().hex
+        return OutputStream(sid, lambda: self.run(task, session_id=sid, **kw))
 
     def run_sync(self, task: str | Message | Sequence[Message], **kw: Any) -> RunResult:
         """:meth:`run` from synchronous code (starts and closes an event loop)."""

@@ -5,6 +5,8 @@ plain callable that receives every event:
 
 * ``on_transition(TransitionEvent)`` — every move of the machine;
 * ``on_model_event(ModelStreamEvent)`` — text/thinking/tool-call deltas of the current model call;
+* ``on_output_partial(OutputPartial)`` — with an output schema: the answer's JSON value as far as it
+  has streamed, checked as far as it goes, then the value the final check accepted (not logged);
 * ``on_model_retry(ModelRetry)`` — a failed model call is tried again (status, reason, the wait);
 * ``on_tool_started(ToolStarted)`` / ``on_tool_finished(ToolFinished)``;
 * ``on_budget_warning(BudgetWarning)``;
@@ -39,6 +41,7 @@ from .types.events import (
     ModelRetry,
     ModelStreamEvent,
     ObserverEvent,
+    OutputPartial,
     PlanUpdated,
     PolicyDecision,
     SystemPromptChanged,
@@ -61,6 +64,7 @@ log = logging.getLogger("fsm_agent.hooks")
 _METHOD = {
     TransitionEvent: "on_transition",
     ModelStreamEvent: "on_model_event",
+    OutputPartial: "on_output_partial",
     ModelRetry: "on_model_retry",
     ToolStarted: "on_tool_started",
     ToolFinished: "on_tool_finished",
@@ -80,6 +84,8 @@ class Observer:
     def on_transition(self, event: TransitionEvent) -> Any: ...
 
     def on_model_event(self, event: ModelStreamEvent) -> Any: ...
+
+    def on_output_partial(self, event: OutputPartial) -> Any: ...
 
     def on_model_retry(self, event: ModelRetry) -> Any: ...
 

@@ -10,7 +10,12 @@ through the constrained mode or JSON mode where it does not (see
   (failed: type)``, or ``not JSON: ...``), written to be sent back to the model;
 * :func:`repair_message` is the user message of the one repair turn;
 * :func:`structured_call` does a single call, validates, repairs once, and raises
-  :class:`~fsm_agent.errors.StructuredOutputError` when the answer is still wrong.
+  :class:`~fsm_agent.errors.StructuredOutputError` when the answer is still wrong;
+* while an answer streams, :class:`PartialOutput` reads it as far as it goes
+  (:class:`~fsm_agent.types.partial_json.PartialJSON`) and :func:`validate_partial` checks the
+  partial value as far as it goes; the runtime hands each one to the observers
+  (:class:`~fsm_agent.types.OutputPartial`, ``on_output_partial``) and to
+  :meth:`fsm_agent.Agent.stream_output` (:class:`OutputStream`).
 
     >>> from fsm_agent.providers.scripted import text_response
     >>> schema = OutputSchema("n", {"type": "object", "properties": {"n": {"type": "integer"}},
@@ -23,8 +28,11 @@ through the constrained mode or JSON mode where it does not (see
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
 import json
 import re
+from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -32,14 +40,21 @@ from attrs import evolve, frozen
 
 from .errors import ConfigurationError, StructuredOutputError
 from .types.content import TextBlock, ToolUseBlock
+from .types.events import OutputPartial
 from .types.messages import AssistantMessage, ModelStopReason, UserMessage
+from .types.partial_json import PartialJSON
 from .types.requests import MessageRequest, MessageResponse
+from .types.stream import StreamEvent, TextDelta
 from .types.structured import OutputSchema
 
 if TYPE_CHECKING:
-    from .providers.base import Provider
+    from types import TracebackType
 
-__all__ = ["StructuredResult", "parse_output", "repair_message", "structured_call", "validate_value"]
+    from .providers.base import Provider
+    from .types.run import RunResult
+
+__all__ = ["OutputStream", "PartialOutput", "StructuredResult", "deliver_output", "output_listener", "parse_output",
+           "repair_message", "structured_call", "validate_partial", "validate_value"]
 
 MAX_ERRORS = 5
 """Validation errors listed in one error text; the rest are counted."""
@@ -315,3 +330,231 @@ async def structured_call(provider: Provider, request: MessageRequest, schema: O
     if not result.ok:
         raise StructuredOutputError(schema.name, result.error or "", result.raw, 2, result=result, response=response)
     return result
+
+
+# -- streamed structured output ----------------------------------------------------------------------
+
+_OPEN_OK = frozenset({"required", "minItems", "minProperties", "contains", "minContains", "dependentRequired",
+                      "dependencies", "const", "enum", "not", "uniqueItems"})
+"""Constraints an open array or object may fail now and still meet once the rest of it has come
+(members and items are only ever added)."""
+_STRING_BAD = frozenset({"type", "maxLength"})
+"""Constraints a string still being written fails for good (it only grows)."""
+
+
+def validate_partial(value: Any, schema: OutputSchema, open_paths: Iterable[tuple[str | int, ...]] = (),
+                     string_path: tuple[str | int, ...] | None = None) -> str | None:
+    """Check a partial answer as far as it goes: ``None`` when ``value`` violates nothing the rest of
+    the answer may still make right, else the error text (as :func:`validate_value` writes it).
+
+    ``open_paths`` are the JSON paths (keys and indexes) of the arrays and objects still open, and
+    ``string_path`` the path of the string still being written (both from
+    :class:`~fsm_agent.types.partial_json.PartialJSON`); every other value in ``value`` is complete.
+    Forgiven: on an open array or object, missing required members, too few items or members,
+    ``contains``, ``enum``/``const``/``not``/``uniqueItems`` (more content may settle them), and an
+    ``anyOf``/``oneOf`` one of whose branches is met that way; on the open string, every constraint
+    but ``type`` and ``maxLength``, except that ``enum``/``const`` must still be reachable (the text
+    is a prefix of an allowed value). A complete value is checked in full.
+
+        >>> s = OutputSchema("c", {"type": "object", "required": ["name", "size"],
+        ...     "properties": {"name": {"enum": ["Paris", "Lyon"]}, "size": {"type": "integer"}}})
+        >>> validate_partial({"name": "Pa"}, s, [()], ("name",)) is None
+        True
+        >>> validate_partial({"name": "Pe"}, s, [()], ("name",))
+        "$.name: 'Pe' is not one of ['Paris', 'Lyon'] (failed: enum)"
+        >>> validate_partial({"name": "Paris", "size": "big"}, s, [()])
+        "$.size: 'big' is not of type 'integer' (failed: type)"
+
+    Raises:
+        ConfigurationError: the schema itself is not valid JSON Schema.
+    """
+    opened = set(map(tuple, open_paths))
+    if string_path is not None:
+        string_path = tuple(string_path)
+        opened.add(string_path)
+    try:
+        errors = sorted((e for e in _validator(schema.schema).iter_errors(value)
+                         if not _forgiven(e, opened, string_path)),
+                        key=lambda e: ([str(p) for p in e.absolute_path], str(e.validator)))
+    except RecursionError:
+        return "$: the value nests arrays or objects too deeply to be checked; give a flatter value"
+    if not errors:
+        return None
+    lines = [_describe(e) for e in errors[:MAX_ERRORS]]
+    if len(errors) > MAX_ERRORS:
+        lines.append(f"... and {len(errors) - MAX_ERRORS} more")
+    return "\n".join(lines)
+
+
+def _forgiven(error: Any, opened: set[tuple[Any, ...]], string_path: tuple[Any, ...] | None) -> bool:
+    """Whether the rest of the answer may still make ``error`` right."""
+    path = tuple(error.absolute_path)
+    if path not in opened:
+        return False  # a complete value: checked in full
+    kind = error.validator
+    if kind in ("anyOf", "oneOf"):
+        if not error.context:
+            return True  # oneOf: more than one branch fits so far
+        branches: dict[Any, list[Any]] = {}
+        for sub in error.context:
+            branches.setdefault(sub.relative_schema_path[0], []).append(sub)
+        return any(all(_forgiven(sub, opened, string_path) for sub in subs) for subs in branches.values())
+    if path == string_path and isinstance(error.instance, str):
+        if kind in _STRING_BAD:
+            return False
+        if kind == "enum":
+            return any(isinstance(v, str) and v.startswith(error.instance) for v in error.validator_value)
+        if kind == "const":
+            return isinstance(error.validator_value, str) and error.validator_value.startswith(error.instance)
+        return True  # minLength, pattern, format ...: the rest of the string may meet them
+    return kind in _OPEN_OK
+
+
+class PartialOutput:
+    """One model call's structured answer as it streams: fed the call's stream events
+    (:meth:`feed`), it gives an :class:`~fsm_agent.types.OutputPartial` each time the answer's JSON
+    value grows, checked by :func:`validate_partial`.
+
+    The answer is the text of the call's text deltas (an answer tool or the constrained mode hands
+    over the whole answer as one text delta at the end). Once the text stops being JSON, one event
+    says so (``error`` ``not JSON ...``, ``value`` the last value read) and no more follow; the
+    final check (:func:`parse_output`, at PostTurn) decides in any case.
+    """
+
+    __slots__ = ("schema", "session_id", "turn", "_parser", "_chars", "_failed")
+
+    def __init__(self, schema: OutputSchema, session_id: str, turn: int) -> None:
+        self.schema = schema
+        self.session_id = session_id
+        self.turn = turn
+        self._parser = PartialJSON(max_depth=MAX_DEPTH)
+        self._chars = 0
+        self._failed = False
+
+    def reset(self) -> None:
+        """The answer starts over (the provider retried the call after part of it had streamed)."""
+        self._parser = PartialJSON(max_depth=MAX_DEPTH)
+        self._chars = 0
+        self._failed = False
+
+    def feed(self, event: StreamEvent) -> OutputPartial | None:
+        """Read one stream event; the partial answer when it grew, else ``None``."""
+        if not isinstance(event, TextDelta) or self._failed:
+            return None
+        self._chars += len(event.text)
+        parser = self._parser
+        if not parser.feed(event.text):
+            if parser.error is None:
+                return None
+            self._failed = True
+            return OutputPartial(self.session_id, self.turn, self.schema.name, parser.snapshot(), parser.error,
+                                 chars=self._chars)
+        value = parser.snapshot()
+        error = validate_partial(value, self.schema, parser.open_paths(), parser.string_path())
+        return OutputPartial(self.session_id, self.turn, self.schema.name, value, error, chars=self._chars)
+
+
+_LISTENERS: contextvars.ContextVar[tuple[tuple[str, Callable[[OutputPartial], None]], ...]] = \
+    contextvars.ContextVar("fsm_agent_output_listeners", default=())
+"""(session id, callback) of the :class:`OutputStream` s listening in this context."""
+
+
+def output_listener(session_id: str) -> Callable[[OutputPartial], None] | None:
+    """The callback of the :class:`OutputStream` listening to ``session_id`` in this context (the
+    run's task inherits it from the one that started it), or ``None``."""
+    for sid, callback in _LISTENERS.get():
+        if sid == session_id:
+            return callback
+    return None
+
+
+_END: Any = object()
+
+
+class OutputStream:
+    """What :meth:`fsm_agent.Agent.stream_output` returns: the run's structured answer as it streams.
+
+    An async iterator of :class:`~fsm_agent.types.OutputPartial`: the partial values of each
+    answer as it streams (``error`` set on one that is already wrong), then the answer the final
+    check accepted (``validated=True``, the value ``result.output_data`` holds). The run starts at
+    the first ``__anext__`` (or ``__aenter__``) and goes on while you read; :attr:`result` is its
+    :class:`~fsm_agent.RunResult` once the iteration ended. A run that ends without a valid answer
+    (``structured_output_invalid``, a budget, a failure) ends the iteration with no validated event:
+    read ``result.stop``. Use it as ``async with`` (leaving the block early cancels the run: it
+    stops INTERRUPTED) or read it to the end.
+
+    Raises (from ``__anext__``): what :meth:`fsm_agent.Agent.run` raises (a bad limit, a session
+    that exists ...).
+    """
+
+    def __init__(self, session_id: str, start: Callable[[], Awaitable[RunResult]]) -> None:
+        self.session_id = session_id
+        """The run's session."""
+        self._start = start
+        self._queue: asyncio.Queue[Any] = asyncio.Queue()
+        self._task: asyncio.Task[RunResult] | None = None
+        self._result: RunResult | None = None
+
+    @property
+    def result(self) -> RunResult:
+        """The run's result.
+
+        Raises:
+            RuntimeError: the run has not ended yet (read the stream to its end first)."""
+        if self._result is None:
+            raise RuntimeError("the run has not ended yet: read the output stream to its end first")
+        return self._result
+
+    def _begin(self) -> None:
+        token = _LISTENERS.set((*_LISTENERS.get(), (self.session_id, self._queue.put_nowait)))
+        try:
+            self._task = asyncio.ensure_future(self._start())
+        finally:
+            _LISTENERS.reset(token)
+        self._task.add_done_callback(lambda _: self._queue.put_nowait(_END))
+
+    def __aiter__(self) -> OutputStream:
+        return self
+
+    async def __anext__(self) -> OutputPartial:
+        if self._task is None:
+            self._begin()
+        if self._result is not None:
+            raise StopAsyncIteration
+        item = await self._queue.get()
+        if item is _END:
+            assert self._task is not None
+            self._result = self._task.result()  # raises what the run raised
+            raise StopAsyncIteration
+        return item  # type: ignore[no-any-return]
+
+    async def __aenter__(self) -> OutputStream:
+        if self._task is None:
+            self._begin()
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Cancel the run if it is still going (it stops INTERRUPTED) and wait for it to end."""
+        task = self._task
+        if task is None or task.done():
+            return
+        task.cancel()
+        await asyncio.wait({task})  # the run records INTERRUPTED; our own cancellation still raises here
+        if not task.cancelled() and task.exception() is None:  # a failure after the cancel is not news
+            self._result = task.result()
+
+
+async def deliver_output(bus: Any, event: OutputPartial | None) -> None:
+    """Hand ``event`` (none: nothing) to the observers that want it (``bus``: the run's
+    :class:`~fsm_agent.hooks.HookBus`) and to the :class:`OutputStream` of its session."""
+    if event is None:
+        return
+    if bus.wants(OutputPartial):
+        await bus.emit(event)
+    listener = output_listener(event.session_id)
+    if listener is not None:
+        listener(event)

@@ -25,7 +25,8 @@ from ..errors import ContentFilteredError, ContextLengthExceededError, ProviderE
 from ..providers.base import Provider
 from ..types.codec import unstructure
 from ..types.content import TextBlock, ToolUseBlock
-from ..types.events import ModelRetry, ModelStreamEvent
+from ..structured import PartialOutput, deliver_output, output_listener
+from ..types.events import ModelRetry, ModelStreamEvent, OutputPartial
 from ..types.messages import AssistantMessage, Message, ModelStopReason
 from ..types.requests import MessageRequest, MessageResponse
 from ..types.run import StopReason
@@ -48,7 +49,7 @@ MANY_TOOLS = 25
 class ModelPhase:
     """The Model phase, and the one path every model call of a run takes (see the module doc)."""
 
-    __slots__ = ("h", "controls", "_warned_tools", "_task")
+    __slots__ = ("h", "controls", "_warned_tools", "_task", "_partial")
 
     def __init__(self, host: Host, controls: Controls) -> None:
         self.h = host
@@ -56,6 +57,8 @@ class ModelPhase:
         self._warned_tools = False
         self._task: asyncio.Task[Any] | None = None
         """The task running the Model phase (its side calls are the answer's; others run beside it)."""
+        self._partial: PartialOutput | None = None
+        """The structured answer of the call streaming, read as it streams (when someone listens)."""
 
     # -- one call ------------------------------------------------------------------------------
     async def call(self, request: MessageRequest, provider: Provider, trace: ModelTrace,
@@ -67,6 +70,10 @@ class ModelPhase:
         stream = h.run_state.config.stream
         on_event = self._on_event if stream and not quiet and (h.chain.filters_model_events
                                                                or h.bus.wants(ModelStreamEvent)) else None
+        if not quiet:
+            self._partial = self._output_partial() if stream else None
+            if self._partial is not None and on_event is None:
+                on_event = self._on_event
         ended = True  # the last stream event seen ended its stream (MessageComplete, ErrorEvent), or none came
         if on_event is not None and h.chain.filters_model_events:
             watched = on_event
@@ -105,6 +112,20 @@ class ModelPhase:
         if events and h.bus.wants(ModelStreamEvent):
             for ev in events:  # a filter may hide an event or put several in its place
                 await h.bus.emit(ModelStreamEvent(ctx.session_id, h.run_state.turn, ev, ctx.state_name))
+        if self._partial is not None and events:
+            for ev in events:  # the answer as the observers see it (after the filters)
+                await deliver_output(h.bus, self._partial.feed(ev))
+
+    def _output_partial(self) -> PartialOutput | None:
+        """A reader of the structured answer as it streams, for the Model phase's own call when the
+        run has an output schema and someone listens (``on_output_partial``, ``Agent.stream_output``)."""
+        h = self.h
+        schema = h.run_state.config.output_schema
+        if schema is None or h.machine.state is not Phase.MODEL:
+            return None
+        if not h.bus.wants(OutputPartial) and output_listener(h.session_id) is None:
+            return None
+        return PartialOutput(schema, h.session_id, h.run_state.turn)
 
     async def _on_retry(self, exc: ProviderError, attempt: int, delay_s: float) -> None:
         """The provider is about to retry an HTTP attempt: a ``model_retry`` event for the session log
@@ -112,6 +133,8 @@ class ModelPhase:
         stream retried after content restarts the answer)."""
         h = self.h
         h.inflight.trace.text.clear()
+        if self._partial is not None:
+            self._partial.reset()
         h.view.emit(ModelRetry(h.session_id, h.run_state.turn, attempt, exc.status, exc.kind, exc.message[:2000], delay_s,
                                server_hint=exc.retry_after is not None, provider=exc.provider))
         await h.flush_outbox()

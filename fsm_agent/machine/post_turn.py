@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from ..middleware import Complete, Continue
-from ..structured import parse_output, repair_message
-from ..types.events import PolicyDecision
+from ..structured import deliver_output, output_listener, parse_output, repair_message
+from ..types.events import OutputPartial, PolicyDecision
 from ..types.messages import ModelStopReason, UserMessage
 from ..types.requests import MessageResponse
 from ..types.run import StopReason
@@ -38,6 +38,9 @@ class PostTurn:
             checked = self._check_output(resp, schema)
             if checked is not None:
                 return checked
+            if h.bus.wants(OutputPartial) or output_listener(h.session_id) is not None:
+                await deliver_output(h.bus, OutputPartial(h.session_id, run.turn, schema.name,
+                                                          run.metadata["output_data"], validated=True))
         decision = await h.chain.turn_decision(ctx)
         if decision is not None:
             name, d = decision

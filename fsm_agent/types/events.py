@@ -6,7 +6,7 @@ an observer that raises is logged and ignored.
 
 from __future__ import annotations
 
-from typing import ClassVar, Union
+from typing import Any, ClassVar, Union
 
 from attrs import frozen
 
@@ -23,6 +23,7 @@ __all__ = [
     "ModelRetry",
     "ModelStreamEvent",
     "ObserverEvent",
+    "OutputPartial",
     "PlanUpdated",
     "PolicyDecision",
     "SystemPromptChanged",
@@ -63,6 +64,39 @@ class ModelStreamEvent:
     """The machine state the call was made in: ``Model`` for the run's own call (the answer, or a
     tool call); another phase (``PreTurn``, ``PostTurn`` ...) for a plugin's side call through
     ``ctx.call_provider`` (a planner, a grader, a summarizer), which is not the answer."""
+
+
+@frozen
+class OutputPartial:
+    """The structured answer (``RunConfig.output_schema``) as far as it has streamed, checked as far
+    as it goes; or, with ``validated``, the whole answer as the final check accepted it.
+
+    While the Model phase's answer streams, one event each time its JSON value grows (a member, an
+    item or string content added): ``value`` is that partial value (see
+    :class:`~fsm_agent.types.partial_json.PartialJSON`: open strings as far as they go, numbers and
+    literals once complete). ``error`` is ``None`` when the partial value violates nothing but what
+    the rest of the answer may still supply (missing required members, too few items, a string
+    still being written), else what is already wrong. Then, when the answer passed the final check
+    at PostTurn, one event with ``validated=True`` and the value ``RunResult.output_data`` holds
+    (unless a middleware sends the run on for another answer). A repair turn, a retried call or a
+    later turn starts a new series (``turn``). Not written to the session log: a replay is
+    unaffected. Treat ``value`` as read-only (partial values share their complete members)."""
+
+    TAG: ClassVar[str] = "output_partial"
+    session_id: str
+    turn: int
+    """The model call's number (``RunResult.turns`` counts them)."""
+    schema: str
+    """The output schema's name."""
+    value: Any
+    """The JSON value so far (``dict``, ``list``, ``str``...); the final value with ``validated``."""
+    error: str | None = None
+    """What the partial value already gets wrong (JSON path, failed constraint), or ``not JSON ...``
+    when the answer stopped being JSON; ``None``: valid as far as it goes."""
+    validated: bool = False
+    """``True``: the complete answer, accepted by the final check (:func:`fsm_agent.structured.parse_output`)."""
+    chars: int = 0
+    """Characters of the answer's text streamed so far (0 for the validated event)."""
 
 
 @frozen
@@ -270,5 +304,6 @@ class SystemPromptChanged:
     """Content hash of the prompt the session used before."""
 
 
-ObserverEvent = Union[TransitionEvent, ModelStreamEvent, ModelRetry, ToolStarted, ToolFinished, BudgetWarning,
-                      ApprovalRequested, ToolProgress, UsageRolledUp, PlanUpdated, PolicyDecision, SystemPromptChanged]
+ObserverEvent = Union[TransitionEvent, ModelStreamEvent, OutputPartial, ModelRetry, ToolStarted, ToolFinished,
+                      BudgetWarning, ApprovalRequested, ToolProgress, UsageRolledUp, PlanUpdated, PolicyDecision,
+                      SystemPromptChanged]
