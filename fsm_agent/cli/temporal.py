@@ -86,8 +86,23 @@ def host_of(agent: Any, client: Any, args: argparse.Namespace) -> Any:
                         store=agent.store)
 
 
+def _live_deltas(agent: Any, args: argparse.Namespace) -> Any:
+    """With a PostgreSQL store (and no ``--no-live-deltas``), the agent's model deltas are published
+    to every server replica (:meth:`~fsm_agent.server.queue.PgLiveDeltas.attach`, model deltas
+    only: the machine runs in the workflow); returns the publisher, else ``None``."""
+    from ..store.postgres import PostgresStore
+
+    if getattr(args, "no_live_deltas", False) or not isinstance(agent.store, PostgresStore):
+        return None
+    from ..server.queue import PgLiveDeltas
+
+    return PgLiveDeltas.attach(agent, states=False)
+
+
 def temporal_worker(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    """``fsm-agent worker --temporal``: serve the agent's sessions until SIGTERM or SIGINT (exit 0)."""
+    """``fsm-agent worker --temporal``: serve the agent's sessions until SIGTERM or SIGINT (exit 0).
+    With a PostgreSQL store, the model calls' streaming deltas are published live to the servers'
+    event streams (``NOTIFY fsm_live``; not with ``--no-live-deltas``), never to the workflow's history."""
 
     async def serve() -> int:
         from ..temporal import DEFAULT_TASK_QUEUE, create_worker
@@ -99,11 +114,18 @@ def temporal_worker(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        async with create_worker(client, {args.agent: agent}, task_queue=queue,
-                                 max_concurrent_activities=max(4, int(getattr(args, "concurrency", 4)) * 4)):
-            err.write(f"fsm-agent: worker serving {args.agent} on Temporal {target_of(args)} (task queue {queue})\n")
-            err.flush()
-            await stop.wait()
+        live = _live_deltas(agent, args)
+        try:
+            async with create_worker(client, {args.agent: agent}, task_queue=queue,
+                                     max_concurrent_activities=max(4, int(getattr(args, "concurrency", 4)) * 4)):
+                also = "; live deltas by PostgreSQL NOTIFY" if live is not None else ""
+                err.write(f"fsm-agent: worker serving {args.agent} on Temporal {target_of(args)} "
+                          f"(task queue {queue}{also})\n")
+                err.flush()
+                await stop.wait()
+        finally:
+            if live is not None:
+                await live.aclose()
         return 0
 
     return asyncio.run(serve())

@@ -6,6 +6,9 @@
   replica's event streams wake for commits and live deltas made by a worker on any host.
 * :class:`PgLiveDeltas` is the worker's side of live deltas: the observer of
   :class:`~fsm_agent.server.notify.LiveDeltas`, publishing each frame with ``NOTIFY fsm_live``.
+* :class:`PgWakeups` is that listening part alone; :class:`ListeningRunner` puts it beside another
+  runner, for a server whose runs happen elsewhere but are committed to the same database (an
+  agent on Temporal whose workers publish with :meth:`PgLiveDeltas.attach`).
 * :class:`PgListener` keeps one dedicated ``LISTEN`` connection up, reconnecting when it drops.
 * The worker itself is :class:`fsm_agent.server.worker.Worker`.
 
@@ -22,18 +25,23 @@ import contextlib
 import logging
 import uuid
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from ..errors import FsmAgentError
+from ..hooks import HookBus
 from ..store.base import Store
 from ..store.postgres import EVENTS_CHANNEL, LIVE_CHANNEL, PostgresStore
 from ..types.codec import unstructure
+from ..types.events import ModelStreamEvent
 from .notify import LiveDeltas, Notifier, NotifyingStore
 from .runs import RunRequest, Runner
 
-__all__ = ["LIVE_MAX", "PgListener", "PgLiveDeltas", "QueueRunner", "postgres_of"]
+if TYPE_CHECKING:
+    from ..agent import Agent
+
+__all__ = ["LIVE_MAX", "ListeningRunner", "PgListener", "PgLiveDeltas", "PgWakeups", "QueueRunner", "postgres_of"]
 
 log = logging.getLogger("fsm_agent.server")
 
@@ -190,10 +198,11 @@ class PgListener:
         return f"PgListener({sorted(self.handlers)}, connected={self.connected})"
 
 
-class QueueRunner(Runner):
-    """A server replica's runner: requests go to the ``run_queue`` table, for
-    :class:`~fsm_agent.server.worker.Worker` s on any host; commits and live deltas made there
-    wake this replica's event streams.
+class PgWakeups:
+    """A replica's ears on PostgreSQL: commits and live deltas made on any host wake this
+    process's event streams. :class:`QueueRunner` listens through one; so does a server whose
+    runs go elsewhere and whose workers write to the same database
+    (:class:`ListeningRunner`: ``fsm-agent serve --temporal`` over PostgreSQL).
 
     ``fsm_events`` payloads (``"<session id> <last seq>"``) go to ``notifier.notify(sid, seq)``;
     ``fsm_live`` payloads (JSON ``{"sid": str, "basis": int, "frame": str}``) go to
@@ -201,13 +210,8 @@ class QueueRunner(Runner):
     back from a drop, every session with a subscriber is notified once (its stream re-reads the
     log, so nothing committed meanwhile is missed).
 
-    With :func:`~fsm_agent.server.app.create_app`, give a factory so that the runner wakes the
-    app's own notifier::
-
-        create_app(agent, PostgresStore(dsn), runner=lambda agent, store: QueueRunner(store))
-
     Args:
-        store: the replica's store: a :class:`PostgresStore` or a wrapper of one
+        store: a :class:`PostgresStore` or a wrapper of one
             (:class:`~fsm_agent.server.notify.NotifyingStore`).
         notifier: the notifier of the replica's event streams (default: ``store.notifier`` when
             ``store`` is a NotifyingStore).
@@ -222,7 +226,7 @@ class QueueRunner(Runner):
         if notifier is None:
             notifier = getattr(store, "notifier", None)
             if not isinstance(notifier, Notifier):
-                raise TypeError("QueueRunner(store, notifier): give the notifier of the app's event streams")
+                raise TypeError("PgWakeups(store, notifier): give the notifier of the app's event streams")
         self.notifier = notifier
         self.listener = PgListener(self.store, {EVENTS_CHANNEL: self._on_event, LIVE_CHANNEL: self._on_live},
                                    on_connect=self._on_connect, ping=ping)
@@ -235,24 +239,10 @@ class QueueRunner(Runner):
         """
         await self.listener.start()
 
-    async def submit(self, request: RunRequest) -> None:
-        """Queue ``request`` (a new job, committed before this returns) and wake the workers.
-
-        Raises:
-            StoreError: the queue could not be written.
-        """
-        await self.store.enqueue_run(uuid.uuid4().hex, request.session_id, request.kind, unstructure(request))
-
-    async def busy(self, session_id: str) -> bool:
-        """Whether a job of ``session_id`` is queued or being run, or a worker's lease of the session
-        has not expired (the database's clock)."""
-        return await self.store.run_pending(session_id)
-
     async def close(self) -> None:
-        """Stop listening. Runs are not touched: they belong to the workers."""
+        """Stop listening."""
         await self.listener.close()
 
-    # -- notifications ----------------------------------------------------------------------
     def _on_event(self, payload: str) -> None:
         sid, _, seq = payload.rpartition(" ")
         try:
@@ -272,9 +262,112 @@ class QueueRunner(Runner):
                 self.notifier.notify(sid)
 
     def __repr__(self) -> str:
+        return f"PgWakeups({self.store!r}, connected={self.listener.connected})"
+
+
+class QueueRunner(Runner):
+    """A server replica's runner: requests go to the ``run_queue`` table, for
+    :class:`~fsm_agent.server.worker.Worker` s on any host; commits and live deltas made there
+    wake this replica's event streams (through :class:`PgWakeups`).
+
+    With :func:`~fsm_agent.server.app.create_app`, give a factory so that the runner wakes the
+    app's own notifier::
+
+        create_app(agent, PostgresStore(dsn), runner=lambda agent, store: QueueRunner(store))
+
+    Args:
+        store: the replica's store: a :class:`PostgresStore` or a wrapper of one
+            (:class:`~fsm_agent.server.notify.NotifyingStore`).
+        notifier: the notifier of the replica's event streams (default: ``store.notifier`` when
+            ``store`` is a NotifyingStore).
+        ping: seconds between health checks of the ``LISTEN`` connection.
+
+    Raises:
+        TypeError: ``store`` is not (a wrapper of) a PostgresStore; no notifier given or found.
+    """
+
+    def __init__(self, store: Store, notifier: Notifier | None = None, *, ping: float = 5.0) -> None:
+        self.wakeups = PgWakeups(store, notifier, ping=ping)
+        self.store, self.notifier, self.listener = self.wakeups.store, self.wakeups.notifier, self.wakeups.listener
+
+    async def start(self) -> None:
+        """Start listening.
+
+        Raises:
+            StoreError: PostgreSQL cannot be reached.
+        """
+        await self.wakeups.start()
+
+    async def submit(self, request: RunRequest) -> None:
+        """Queue ``request`` (a new job, committed before this returns) and wake the workers.
+
+        Raises:
+            StoreError: the queue could not be written.
+        """
+        await self.store.enqueue_run(uuid.uuid4().hex, request.session_id, request.kind, unstructure(request))
+
+    async def busy(self, session_id: str) -> bool:
+        """Whether a job of ``session_id`` is queued or being run, or a worker's lease of the session
+        has not expired (the database's clock)."""
+        return await self.store.run_pending(session_id)
+
+    async def close(self) -> None:
+        """Stop listening. Runs are not touched: they belong to the workers."""
+        await self.wakeups.close()
+
+    def __repr__(self) -> str:
         return f"QueueRunner({self.store!r})"
 
 
+class ListeningRunner(Runner):
+    """``runner`` (it carries out the requests), with this replica's event streams woken by
+    PostgreSQL (:class:`PgWakeups`): for a server whose runs happen in other processes that write
+    to the same database and publish live deltas there (an agent on Temporal, whose workers
+    attach :meth:`PgLiveDeltas.attach`). ``fsm-agent serve --temporal`` over a PostgreSQL store
+    uses it::
+
+        create_app(agent, PostgresStore(dsn),
+                   runner=lambda agent, store: ListeningRunner(LocalRunner(agent, store.notifier), store))
+
+    Args:
+        runner: who drives runs (its ``submit``, ``busy``, ``start`` and ``close`` are used).
+        store, notifier, ping: as for :class:`PgWakeups`.
+
+    Raises:
+        TypeError: as for :class:`PgWakeups`.
+    """
+
+    def __init__(self, runner: Runner, store: Store, notifier: Notifier | None = None, *,
+                 ping: float = 5.0) -> None:
+        self.runner = runner
+        self.wakeups = PgWakeups(store, notifier, ping=ping)
+
+    async def start(self) -> None:
+        """Start listening, then start ``runner``.
+
+        Raises:
+            StoreError: PostgreSQL cannot be reached.
+        """
+        await self.wakeups.start()
+        await self.runner.start()
+
+    async def submit(self, request: RunRequest) -> None:
+        """``runner.submit(request)``."""
+        await self.runner.submit(request)
+
+    async def busy(self, session_id: str) -> bool:
+        """``runner.busy(session_id)``."""
+        return await self.runner.busy(session_id)
+
+    async def close(self) -> None:
+        """Close ``runner``, then stop listening."""
+        try:
+            await self.runner.close()
+        finally:
+            await self.wakeups.close()
+
+    def __repr__(self) -> str:
+        return f"ListeningRunner({self.runner!r}, {self.wakeups!r})"
 
 
 class _LiveSink(Notifier):
@@ -358,6 +451,32 @@ class PgLiveDeltas(LiveDeltas):
         that to the Agent whose runs are published."""
         return NotifyingStore(store, self.sink)
 
+    @classmethod
+    def attach(cls, agent: Agent, store: Store | None = None, *, states: bool = True,
+               backlog: int = 4096) -> PgLiveDeltas:
+        """Publish ``agent``'s live deltas: a new observer over ``store`` (default: the agent's
+        store), with ``agent.store`` set to ``track(store)`` and the observer added to
+        ``agent.hooks``. :meth:`aclose` it when the worker stops.
+
+        ``states=False``: only the model's deltas are published, not the machine's moves (the
+        ``state`` frames). That is the form for a Temporal worker, where the machine runs inside
+        the workflow (no database there, and its moves are committed as ``transition`` events)
+        and the deltas come from the ``model_call`` activity::
+
+            live = PgLiveDeltas.attach(agent, states=False)    # agent.store: a PostgresStore
+            async with create_worker(client, {"myapp.agents:support": agent}):
+                ...
+            await live.aclose()
+
+        Raises:
+            TypeError: the store is not (a wrapper of) a PostgresStore.
+        """
+        store = agent.store if store is None else store
+        live = cls(store, backlog=backlog)
+        agent.store = live.track(store)
+        agent.hooks = HookBus([*agent.hooks.observers, live if states else _ModelDeltas(live)])
+        return live
+
     def forget(self, session_id: str) -> None:
         """Drop what is known of ``session_id`` (after its run ended in this process)."""
         self.sink.seqs.pop(session_id, None)
@@ -368,3 +487,16 @@ class PgLiveDeltas(LiveDeltas):
 
     def __repr__(self) -> str:
         return f"PgLiveDeltas(sent={self.sink.sent}, skipped={self.sink.skipped})"
+
+
+class _ModelDeltas:
+    """The model-delta half of a :class:`PgLiveDeltas` (an observer with no ``on_transition``)."""
+
+    def __init__(self, live: PgLiveDeltas) -> None:
+        self.live = live
+
+    def on_model_event(self, event: ModelStreamEvent) -> None:
+        self.live.on_model_event(event)
+
+    def __repr__(self) -> str:
+        return f"model deltas of {self.live!r}"

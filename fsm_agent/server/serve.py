@@ -5,7 +5,9 @@ By default it listens on 127.0.0.1. It refuses any other address unless tokens a
 (:func:`~fsm_agent.server.auth.check_bind`). With a SQLite store the runs happen in this process
 (:class:`~fsm_agent.server.runs.LocalRunner`). With a PostgreSQL store they are queued for
 ``fsm-agent worker`` processes (:class:`~fsm_agent.server.queue.QueueRunner`), unless
-``local_runs`` is set.
+``local_runs`` is set. An agent on Temporal (``agent.host`` set) runs through its workflows; over
+PostgreSQL this process also listens for the workers' commits and live deltas
+(:class:`~fsm_agent.server.queue.ListeningRunner`), so its streams follow them as they happen.
 """
 
 from __future__ import annotations
@@ -49,13 +51,21 @@ async def serve(agent: Agent, *, host: str = "127.0.0.1", port: int = 8000, tena
     check_bind(host, tenants)
     from ..store.postgres import PostgresStore
 
-    queued = isinstance(agent.store, PostgresStore) and not local_runs and agent.host is None  # Temporal: its workers
+    on_pg = isinstance(agent.store, PostgresStore)
+    queued = on_pg and not local_runs and agent.host is None  # Temporal: its workers
+    # Temporal over PostgreSQL: runs go through the agent (its workflows), while the workers'
+    # commits and live deltas reach this process's streams by NOTIFY
+    listening = on_pg and agent.host is not None
 
     def runner_factory(a: Agent, store: Any) -> Any:
-        from .queue import QueueRunner
+        from .queue import ListeningRunner, QueueRunner
+        from .runs import LocalRunner
 
+        if listening:
+            return ListeningRunner(LocalRunner(a, store.notifier), store.inner, store.notifier)
         return QueueRunner(store.inner, store.notifier)
-    app = create_app(agent, runner=runner_factory if queued else None, tenants=tenants, cors_origins=cors_origins)
+    app = create_app(agent, runner=runner_factory if queued or listening else None, tenants=tenants,
+                     cors_origins=cors_origins)
     if a2a is not None:
         add_a2a_routes(app, a2a)
     runner = web.AppRunner(app, handle_signals=False, access_log=None, shutdown_timeout=2.0)
@@ -66,7 +76,9 @@ async def serve(agent: Agent, *, host: str = "127.0.0.1", port: int = 8000, tena
         bound = runner.addresses[0] if runner.addresses else (host, port)
         url = f"http://{host if ':' not in host else f'[{host}]'}:{bound[1]}"
         if out is not None:
-            mode = "runs queued for `fsm-agent worker`" if queued else "runs in this process"
+            mode = ("runs queued for `fsm-agent worker`" if queued
+                    else "runs on Temporal's workers" + ("; live deltas by PostgreSQL NOTIFY" if listening else "")
+                    if agent.host is not None else "runs in this process")
             auth = f"{len(tenants.tokens)} token(s)" if tenants.enabled else "no tokens (loopback only)"
             also = f"; A2A card: {url}/.well-known/agent-card.json" if a2a is not None else ""
             out.write(f"fsm-agent: serving on {url} ({mode}; {auth}); review page: {url}/review/SESSION_ID{also}; "

@@ -36,7 +36,6 @@ from typing import Any, TextIO
 
 from ..agent import Agent
 from ..errors import ConfigurationError, StoreError
-from ..hooks import HookBus
 from ..store.base import Store
 from ..store.postgres import QUEUE_CHANNEL, PostgresStore, QueuedRun
 from ..types.codec import structure, unstructure
@@ -89,9 +88,7 @@ class Worker:
         self.max_attempts, self.drain_timeout = max_attempts, drain_timeout
         self.live: PgLiveDeltas | None = None
         if live_deltas:
-            self.live = PgLiveDeltas(self.pg)
-            agent.store = self.live.track(store)
-            agent.hooks = HookBus([*agent.hooks.observers, self.live])
+            self.live = PgLiveDeltas.attach(agent, store)
         else:
             agent.store = store
         self.completed = 0

@@ -2,9 +2,11 @@
 
 * ``fsm_agent.model_call``: one logical model call through the agent's provider (its own HTTP
   retries, honouring Retry-After, included), streamed when configured; live deltas go to the
-  worker's observers, never into the workflow's history. It heartbeats, so a dead worker is seen in
-  seconds. A provider error is non-retryable here: the provider has already retried what could be,
-  and the engine decides (FAILED_RETRYABLE or FAILED_TERMINAL, as in process).
+  worker's observers, never into the workflow's history (over PostgreSQL, an observer of
+  ``fsm_agent.server.queue.PgLiveDeltas.attach`` sends them on to every server's event streams).
+  It heartbeats, so a dead worker is seen in seconds. A provider error is non-retryable here: the
+  provider has already retried what could be, and the engine decides (FAILED_RETRYABLE or
+  FAILED_TERMINAL, as in process).
 * ``fsm_agent.run_tool`` and ``fsm_agent.tool_hook``: a tool call and a tool's recovery hook, with
   the same idempotency key on every attempt (it is the session's and the call's, not the attempt's).
   The workflow sets the retry policy from the tool's declared effect.
@@ -137,7 +139,8 @@ async def apply_writes(data: dict[str, Any]) -> None:
 
 @activity.defn(name="fsm_agent.model_call")
 async def model_call(data: dict[str, Any]) -> dict[str, Any]:
-    """One model call (see the module doc). Returns ``{"response", "trace", "retries"}``."""
+    """One model call (see the module doc). Returns ``{"response", "trace", "retries"}`` (``trace``: the
+    streamed text as one piece, for a call the run cuts after it returned; never the deltas)."""
     agent = agent_named(data["agent"])
     store = agent.store
     await _apply(store, data["writes"])
@@ -165,12 +168,18 @@ async def model_call(data: dict[str, Any]) -> dict[str, Any]:
                                              on_event=on_event if live else None, on_retry=on_retry, trace=trace,
                                              deadline_s=data.get("deadline_s"))
     except ProviderError as exc:
-        raise _error(exc, trace=trace.text, retries=retries) from exc
+        raise _error(exc, trace=_streamed(trace), retries=retries) from exc
     except asyncio.CancelledError:
         # the run cut the call: what had streamed is the user's (the engine keeps it)
-        raise ApplicationError("the model call was cut", {"trace": trace.text, "retries": retries},
+        raise ApplicationError("the model call was cut", {"trace": _streamed(trace), "retries": retries},
                                type="ModelCallCut", non_retryable=True) from None
-    return {"response": unstructure(response), "trace": trace.text, "retries": retries}
+    return {"response": unstructure(response), "trace": _streamed(trace), "retries": retries}
+
+
+def _streamed(trace: ModelTrace) -> list[str]:
+    """What the call streamed, as one piece (``ModelTrace.streamed`` is the same): the deltas
+    themselves never reach the workflow's history."""
+    return [trace.streamed] if trace.text else []
 
 
 async def _messages(store: Store, sid: str, refs: list[Any]) -> list[Any]:

@@ -45,6 +45,18 @@ def create_worker(client: Client, agents: Mapping[str, Agent], *, task_queue: st
 
     ``options`` go to ``temporalio.worker.Worker`` (``max_concurrent_activities`` ...). By default a
     dead worker's sticky queue hands its workflows on after 3 s (Temporal's default is 10 s).
+
+    Live deltas: the model calls' streaming deltas go to the agents' observers in this process, never
+    into a workflow's history. For the review page and the SSE streams of servers elsewhere, with a
+    PostgreSQL store, attach a publisher first (``fsm-agent worker --temporal`` does, unless
+    ``--no-live-deltas``)::
+
+        from fsm_agent.server.queue import PgLiveDeltas
+
+        live = PgLiveDeltas.attach(agent, states=False)    # agent.store: a PostgresStore
+        async with create_worker(client, {"myapp.agents:support": agent}):
+            ...
+        await live.aclose()
     """
     for name, agent in agents.items():
         register(name, agent)
