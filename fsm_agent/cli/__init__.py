@@ -49,13 +49,27 @@ from .runs import Progress, after_second_interrupt, resume_command, run_command,
 from .serve import serve_command
 from .sessions import control_command, sessions_command
 
-__all__ = ["EXIT_CODES", "main"]
+__all__ = ["EXIT_CODES", "console", "main"]
 
 # the names these had when the command line was one module (tests and callers import them)
 _AgentFactory = AgentFactory
 _Printer = Printer
 _build_parser = build_parser
 _hint = resume_hint
+
+
+def console() -> None:
+    """The ``fsm-agent`` console script: :func:`main`, exiting with its code. After a Temporal
+    worker's clean stop the process ends with ``os._exit`` once stdout and stderr are flushed (see
+    :data:`fsm_agent.cli.temporal.EXIT_HARD`)."""
+    code = main()
+    from .temporal import EXIT_HARD
+
+    if EXIT_HARD[0]:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
 
 
 def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None, err: TextIO | None = None) -> int:

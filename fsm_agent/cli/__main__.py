@@ -1,8 +1,6 @@
 """``python -m fsm_agent.cli ARGS``: the ``fsm-agent`` command."""
 
-import sys
-
-from . import main
+from . import console
 
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    console()

@@ -99,6 +99,13 @@ def _live_deltas(agent: Any, args: argparse.Namespace) -> Any:
     return PgLiveDeltas.attach(agent, states=False)
 
 
+EXIT_HARD = [False]
+"""Set once a Temporal worker stopped cleanly: the console script then ends the process with
+``os._exit`` after flushing, because the Temporal SDK's Rust core threads can crash the
+interpreter's finalization (SIGABRT/SIGSEGV in ``PyGILState_Release``, temporalio/sdk-python#300),
+which would turn a clean stop into a failed exit."""
+
+
 def temporal_worker(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     """``fsm-agent worker --temporal``: serve the agent's sessions until SIGTERM or SIGINT (exit 0).
     With a PostgreSQL store, the model calls' streaming deltas are published live to the servers'
@@ -128,7 +135,9 @@ def temporal_worker(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
                 await live.aclose()
         return 0
 
-    return asyncio.run(serve())
+    code = asyncio.run(serve())
+    EXIT_HARD[0] = True
+    return code
 
 
 async def temporal_run(args: argparse.Namespace, out: TextIO, err: TextIO) -> Any:

@@ -154,7 +154,8 @@ async def model_call(data: dict[str, Any]) -> dict[str, Any]:
     async def on_retry(exc: ProviderError, attempt: int, delay_s: float) -> None:
         retries.append({"exception": exception_form(exc), "attempt": attempt, "delay_s": delay_s})
 
-    live = agent.hooks.wants(ModelStreamEvent) and not agent.chain.filters_model_events
+    live = (data.get("events", True) and agent.hooks.wants(ModelStreamEvent)
+            and not agent.chain.filters_model_events)
 
     async def on_event(event: StreamEvent) -> None:
         # live deltas reach the worker's observers (never the workflow's history); when a plugin

@@ -238,7 +238,8 @@ class WorkflowPort:
         info = workflow.info()
         data = {"agent": self.agent, "session_id": self.store.record.session_id if self.store.record else "",
                 "writes": writes, "provider": provider_key(provider), "request": skeleton, "messages": refs,
-                "stream": stream, "deadline_s": deadline_s, "turn": 0, "phase": "Model", "workflow": info.workflow_id}
+                "stream": stream, "deadline_s": deadline_s, "turn": 0, "phase": "Model", "workflow": info.workflow_id,
+                "events": on_event is not None}  # a side call's deltas are no answer: not shown live
         try:
             out = await self._activity("fsm_agent.model_call", data, writes, retry=True,
                                        timeout=deadline_s or self.timeouts.model_call, cancel_wait=True)
