@@ -37,4 +37,4 @@ def test_every_python_block_runs_in_order_and_prints_what_it_says() -> None:
     assert ran == ["test_the_invoice_run_still_replays"]
     divergence = namespace["divergence"]
     assert divergence.index == next(i for i, e in enumerate(namespace["recording"].segments[0].effects)
-                                    if e.kind == "store.write")
+                                    if e.kind == "system_prompt")  # the prompt is read first

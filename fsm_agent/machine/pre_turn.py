@@ -154,5 +154,17 @@ def _put_prompt(messages: list[Message], use: dict[str, Any], transcript: list[M
             elif first.text != text:
                 messages[at] = SystemMessage(text)
             return
+        # A plugin rewrote the first message (the repair plugin merges system messages into one):
+        # the prompt is still in it, at its start, unless the plugin dropped it.
+        head = messages[0] if messages and isinstance(messages[0], SystemMessage) else None
+        if head is not None and first.text != text and head.text.startswith(first.text):
+            rest = head.text[len(first.text):]
+            if text:
+                messages[0] = SystemMessage(text + rest)
+            elif rest.strip():
+                messages[0] = SystemMessage(rest.lstrip("\n"))
+            else:
+                del messages[0]
+        return
     if text:
         messages.insert(0, SystemMessage(text))
