@@ -23,9 +23,11 @@ one ``on_compensate`` hook of the patterns (a Cancel of the parent cancels its c
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import copy
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import attrs
 import orjson
@@ -55,7 +57,9 @@ from ..types.run import RunResult, RunStop, StopReason
 from .links import claim_child
 
 __all__ = [
+    "CHILD_HOSTS",
     "CHILD_OF",
+    "ChildHosts",
     "Children",
     "Counted",
     "cancel_child",
@@ -84,6 +88,35 @@ FORWARDED_DECISIONS = ("approve", "reject", "respond")
 """The decision kinds a parent's call passes on to the calls its waiting child waits on."""
 MAX_WAIT_DEPTH = 8
 """How deep :func:`waiting_on` follows a wait through waiting children."""
+
+
+class ChildHosts(Protocol):
+    """Where the child sessions started in this context run, when their agent has no host of its own
+    (a Temporal worker's activity sets one: the children become workflows on its client and task
+    queue, :mod:`fsm_agent.temporal`)."""
+
+    def host_for(self, agent: Agent, *, parent_id: str, call_id: str | None) -> Any:
+        """A durable host for ``agent``'s child session (with ``attach`` and ``stop_child``), or
+        ``None`` when this host cannot serve that agent (it then runs here, in process)."""
+
+
+CHILD_HOSTS: contextvars.ContextVar[ChildHosts | None] = contextvars.ContextVar("fsm_agent_child_hosts",
+                                                                                default=None)
+"""The :class:`ChildHosts` of the current context (``None``: children run in process)."""
+
+
+def hosted(agent: Agent, *, parent_id: str, call_id: str | None) -> Agent:
+    """``agent``, or, when it has no host and the context has :data:`CHILD_HOSTS` that serve it, a
+    shallow copy of it driven by that host (its store, tools and config are the same objects)."""
+    hosts = CHILD_HOSTS.get()
+    if agent.host is not None or hosts is None:
+        return agent
+    host = hosts.host_for(agent, parent_id=parent_id, call_id=call_id)
+    if host is None:
+        return agent
+    twin = copy.copy(agent)
+    twin.host = host
+    return twin
 
 
 def _terminal(state: str) -> StopReason | None:
@@ -221,6 +254,7 @@ async def drive_child(
         SessionBusyError: another worker kept the child's lease for :data:`LEASE_WAIT` seconds.
         StoreError: the store failed.
     """
+    agent = hosted(agent, parent_id=parent_id, call_id=call_id)
     store = agent.store
     counted = {} if counted is None else counted
     _link, created = await claim_child(store, parent_id, child_id, kind, call_id=call_id, metadata=link_metadata)
@@ -268,10 +302,35 @@ async def _settle(fut: asyncio.Future[Any]) -> None:
 async def _drive(agent: Agent, child_id: str, task: str | Message | Sequence[Message],
                  limits: Mapping[str, Any] | None, decision: Decision | None,
                  metadata: Mapping[str, Any], rec: SessionRecord | None) -> RunResult:
+    host = agent.host
+    if host is None or not hasattr(host, "attach"):
+        return await _drive_here(agent, child_id, task, limits, decision, metadata, rec)
+    # a durable host (a workflow per child): a run of it already going (started by an earlier attempt
+    # of this call, on a worker that was lost) is waited for, never started again; when this call is
+    # cancelled, the child's run is interrupted and its stop waited for
+    try:
+        if rec is None or _terminal(rec.state) in (None, StopReason.INTERRUPTED):
+            found = await host.attach(agent, child_id, metadata[CHILD_OF])
+            if found is not None:
+                return found  # type: ignore[no-any-return]
+        return await _drive_here(agent, child_id, task, limits, decision, metadata, rec)
+    except asyncio.CancelledError:
+        await host.stop_child(agent, child_id, "interrupt", "the parent's call was cut")
+        raise
+
+
+async def _drive_here(agent: Agent, child_id: str, task: str | Message | Sequence[Message],
+                      limits: Mapping[str, Any] | None, decision: Decision | None,
+                      metadata: Mapping[str, Any], rec: SessionRecord | None) -> RunResult:
     if rec is None:
         try:
             return await agent.run(task, session_id=child_id, metadata=metadata, **dict(limits or {}))
         except SessionExistsError:  # created meanwhile: by a racing start of the same call, or not ours
+            host = agent.host
+            if host is not None and hasattr(host, "attach"):
+                found = await host.attach(agent, child_id, metadata[CHILD_OF])
+                if found is not None:
+                    return found  # type: ignore[no-any-return]
             rec = await agent.store.get_session(child_id)
             if rec is None or not _owned(rec, metadata[CHILD_OF]):
                 marker = metadata[CHILD_OF]
@@ -461,6 +520,11 @@ async def cancel_child(agent: Agent, child_id: str, reason: str, *, confirm: boo
     stopped = _terminal(rec.state)
     if stopped is not None and not stopped.resumable:
         return stopped
+    host = agent.host
+    if host is not None and hasattr(host, "stop_child") and not confirm:
+        found = await host.stop_child(agent, child_id, "cancel", reason or Cancel().reason)
+        if found is not None:  # its workflow was open: it applied the Cancel
+            return found.stop.reason  # type: ignore[no-any-return]
     awaits_confirmation = (rec.stop or {}).get("required_decision") == "confirm_cancel"
     if confirm and stopped is StopReason.WAITING_HUMAN and awaits_confirmation:
         return (await _resume_when_free(agent, child_id, confirm_cancel=True)).stop.reason
@@ -484,7 +548,8 @@ def compensate_by_cancelling(tool: Tool, children: Children, reason: str) -> Non
 
     async def compensate(arguments: dict[str, Any], result: Any, ctx: ToolContext) -> bool:
         confirm = ctx.decision is not None and ctx.decision.kind == "approve"
-        stops = [(agent, cid, await cancel_child(agent, cid, reason, confirm=confirm))
+        stops = [(agent, cid, await cancel_child(hosted(agent, parent_id=ctx.session_id, call_id=ctx.call_id), cid,
+                                                 reason, confirm=confirm))
                  for agent, cid in children(arguments, ctx)]
         waiting = [(agent, cid) for agent, cid, s in stops if s is StopReason.WAITING_HUMAN]
         if waiting and not confirm:

@@ -8,16 +8,23 @@ same object type, on the workflow's side, so the engine handles it exactly as in
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 from typing import Any
 
 import attrs
+import orjson
 
 from ..types.codec import structure, unstructure
 
-__all__ = ["exception_form", "exception_of", "form", "value_of"]
+__all__ = ["exception_form", "exception_of", "form", "message_digest", "value_of"]
 
 _ATTRS = "__attrs__"
+
+
+def message_digest(message_form: Any) -> str:
+    """The content hash that names a message's form across the workflow-activity line."""
+    return hashlib.sha256(orjson.dumps(message_form, option=orjson.OPT_SORT_KEYS)).hexdigest()
 
 
 def form(value: Any) -> Any:

@@ -26,12 +26,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
-import orjson
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
@@ -48,7 +46,8 @@ from ..types.content import ToolUseBlock
 from ..types.events import ModelStreamEvent, ToolProgress, UsageRolledUp
 from ..types.requests import MessageRequest
 from ..types.stream import StreamEvent
-from ._codec import exception_form, form, value_of
+from ._codec import exception_form, form, message_digest, value_of
+from .children import children_as_workflows
 from .registry import agent_named, provider_named
 
 __all__ = ["ACTIVITIES", "MESSAGE_KEY", "apply_writes", "load_session", "message_digest", "model_call",
@@ -61,11 +60,6 @@ MESSAGE_KEY = "msg:"
 
 HEARTBEAT_EVERY = 1.0
 """Seconds between an activity's heartbeats."""
-
-
-def message_digest(message_form: Any) -> str:
-    """The content hash that names a message's form across the workflow-activity line."""
-    return hashlib.sha256(orjson.dumps(message_form, option=orjson.OPT_SORT_KEYS)).hexdigest()
 
 
 # -- writes ------------------------------------------------------------------------------------------
@@ -113,6 +107,13 @@ async def _heartbeating() -> AsyncIterator[None]:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+
+
+@contextlib.asynccontextmanager
+async def _children() -> AsyncIterator[None]:
+    """Child sessions the activity's tool starts run as workflows on this worker's client and task queue."""
+    with children_as_workflows(activity.client(), activity.info().task_queue):
+        yield
 
 
 def _error(exc: BaseException, retryable: bool = False, **extra: Any) -> ApplicationError:
@@ -218,7 +219,8 @@ async def run_tool(data: dict[str, Any]) -> dict[str, Any]:
 
     left = data.get("budget_left") or {}
     try:
-        async with _heartbeating():
+        # a child session a tool starts (an agent tool's sub-agent) runs as a workflow of its own
+        async with _children(), _heartbeating():
             result = await _traced(agent, LivePort(agent.store), data["session_id"], data["turn"]).run_tool(
                 call, agent.tools, session_id=data["session_id"], turn=data["turn"], timeout=data.get("timeout"),
                 decision=decision, report=report, budget_left=lambda: dict(left))
@@ -238,7 +240,7 @@ async def tool_hook(data: dict[str, Any]) -> Any:
     ctx = value_of(data["ctx"])
     assert isinstance(ctx, ToolContext)
     try:
-        async with _heartbeating():
+        async with _children(), _heartbeating():
             out = await LivePort(agent.store).tool_hook(tool, data["hook"], value_of(data["args"]), ctx)
     except SuspendCall as wait:
         raise _error(wait) from wait

@@ -15,7 +15,8 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from attrs import evolve
-from temporalio.client import Client, WorkflowHandle, WorkflowUpdateFailedError
+from temporalio.client import (Client, WorkflowHandle, WorkflowUpdateFailedError,
+                               WorkflowUpdateRPCTimeoutOrCancelledError)
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError
@@ -53,11 +54,13 @@ class TemporalHost:
         timeouts: activity timeouts and retries (:class:`~fsm_agent.temporal.port.Timeouts`).
         history_limit: workflow history events after which a session continues as new.
         store: the session store the workers write (for a result's transcript); default: the agent's.
+        memo: the Temporal memo of the workflows this host starts (a child session's names its parent
+            session and call: ``{"child_of": {"session", "call"}}``).
     """
 
     def __init__(self, client: Client, *, agent_name: str, task_queue: str = DEFAULT_TASK_QUEUE,
                  human_wait: timedelta | None = None, timeouts: Timeouts | None = None, history_limit: int = 20_000,
-                 store: Store | None = None) -> None:
+                 store: Store | None = None, memo: Mapping[str, Any] | None = None) -> None:
         self.client = client
         self.agent_name = agent_name
         self.task_queue = task_queue
@@ -65,6 +68,7 @@ class TemporalHost:
         self.timeouts = timeouts
         self.history_limit = history_limit
         self.store = store
+        self.memo = dict(memo or {})
 
     def __repr__(self) -> str:
         return f"TemporalHost(agent_name={self.agent_name!r}, task_queue={self.task_queue!r})"
@@ -109,7 +113,7 @@ class TemporalHost:
                 handle = await self.client.start_workflow(
                     "fsm_agent.Session", start, id=session_id, task_queue=self.task_queue,
                     id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
-                    id_conflict_policy=WorkflowIDConflictPolicy.FAIL)
+                    id_conflict_policy=WorkflowIDConflictPolicy.FAIL, memo=self.memo or None)
         except RPCError as exc:
             raise SessionExistsError(session_id) from exc
         return await self._result(agent, handle, 0)
@@ -138,7 +142,8 @@ class TemporalHost:
             await agent.check_resume(session_id, decisions)
             handle = await self.client.start_workflow(
                 "fsm_agent.Session", self._start(session_id, "resume", **req), id=session_id,
-                task_queue=self.task_queue, id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE)
+                task_queue=self.task_queue, id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
+                memo=self.memo or None)
         return await self._result(agent, handle, 0)
 
     async def _open(self, handle: WorkflowHandle[Any, Any]) -> bool:
@@ -158,6 +163,11 @@ class TemporalHost:
                     await asyncio.sleep(0.2)  # the workflow continues as new: ask its new run
                     continue
                 break
+            except WorkflowUpdateRPCTimeoutOrCancelledError:
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    raise asyncio.CancelledError() from None  # this wait was cancelled
+                continue  # the wait's RPC timed out (a long run): wait again
             except (WorkflowUpdateFailedError, RPCError):
                 if not await self._open(handle):
                     final = await handle.result()
@@ -175,6 +185,56 @@ class TemporalHost:
         if loaded is not None:
             result = evolve(result, messages=tuple(loaded.transcript))
         return result
+
+    # -- a child session's workflow (fsm_agent.orchestration: drive_child) ----------------------------
+    async def attach(self, agent: Agent, session_id: str, child_of: Mapping[str, Any]) -> RunResult | None:
+        """Wait for the stop of the run the session's open workflow is driving, when it is one this
+        parent's call started (its memo's ``child_of`` is ``child_of``): a call run again (its
+        activity retried after a worker was lost) finds its child's workflow and waits for it rather
+        than starting it anew. ``None``: no open workflow is driving a run of the session (it waits,
+        it ended, or there is none).
+
+        Raises:
+            SessionLinkError: the open workflow of that id was started by someone else.
+        """
+        from ..errors import SessionLinkError
+
+        handle = self.handle(session_id)
+        try:
+            desc = await handle.describe()
+        except RPCError:
+            return None
+        if desc.status is None or desc.status.name != "RUNNING":
+            return None
+        memo = await desc.memo()
+        if memo.get("child_of") not in (None, dict(child_of)):
+            raise SessionLinkError(f"workflow {session_id!r} is open and was not started by session "
+                                   f"{child_of.get('session')!r}: it is not taken over as that call's child")
+        snap = await handle.query("snapshot")
+        if snap.get("waiting"):
+            return None
+        return await self._result(agent, handle, int(snap.get("segment") or 0))
+
+    async def stop_child(self, agent: Agent, session_id: str, kind: str, reason: str,
+                         wait: float = 120.0) -> RunResult | None:
+        """Send the session's open workflow an ``interrupt`` or a ``cancel`` (``kind``) and wait (up to
+        ``wait`` seconds) for the stop it makes: the parent's call of a child was cut (interrupt) or
+        the parent was cancelled (cancel). ``None``: no workflow of the session is open."""
+        handle = self.handle(session_id)
+        if not await self._open(handle):
+            return None
+        try:
+            snap = await handle.query("snapshot")
+        except RPCError:
+            return None
+        if kind == "interrupt" and snap.get("waiting"):
+            return None  # stopped already: an interrupt changes nothing
+        segment = int(snap.get("segment") or 0)
+        await handle.signal("control", args=[kind, reason])
+        try:
+            return await asyncio.wait_for(self._result(agent, handle, segment), wait)
+        except asyncio.TimeoutError:
+            return None
 
     # -- controls, decisions, snapshot ----------------------------------------------------------------
     async def control(self, session_id: str, control: LoopControl) -> None:

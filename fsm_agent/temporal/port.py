@@ -38,8 +38,7 @@ from ..types.content import ToolUseBlock
 from ..types.messages import ToolResultMessage
 from ..types.requests import MessageRequest, MessageResponse
 from ..types.stream import StreamEvent
-from ._codec import exception_of, form, value_of
-from .activities import message_digest
+from ._codec import exception_of, form, message_digest, value_of
 from .mirror import MirrorStore
 from .registry import provider_key
 
@@ -276,9 +275,12 @@ class WorkflowPort:
                 "turn": turn, "timeout": timeout, "decision": unstructure(decision) if decision else None,
                 "budget_left": budget_left()}
         try:
+            # a resumable tool (a sub-agent's call) is cut with its activity waited for: the child
+            # workflow it drives stops (INTERRUPTED) before this run records its own stop
             out = await self._activity("fsm_agent.run_tool", data, writes,
                                        retry=effect is not ToolEffect.SIDE_EFFECT,
-                                       timeout=(limit or self.timeouts.tool) + 30.0)
+                                       timeout=(limit or self.timeouts.tool) + 30.0,
+                                       cancel_wait=tool is not None and tool.resumable)
         except ActivityError as exc:
             cause = exc.cause
             if isinstance(cause, ApplicationError) and cause.details:

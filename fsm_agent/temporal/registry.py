@@ -19,14 +19,17 @@ from ..providers.base import Provider
 if TYPE_CHECKING:
     from ..agent import Agent
 
-__all__ = ["agent_named", "provider_key", "provider_named", "register", "registered"]
+__all__ = ["agent_named", "child_agents", "name_of", "provider_key", "provider_named", "register", "registered"]
 
 _AGENTS: dict[str, Agent] = {}
 _PROVIDERS: dict[str, dict[str, Provider]] = {}
 
 
 def register(name: str, agent: Agent, *, providers: Iterable[Provider] = ()) -> None:
-    """Serve ``agent`` under ``name`` in this process (what ``fsm-agent worker --agent`` does).
+    """Serve ``agent`` under ``name`` in this process (what ``fsm-agent worker --agent`` does), and
+    the agents its tools run as child sessions (:func:`child_agents`) under derived names
+    (``name/tool``, ``name/tool/1`` for a tool's second agent, and so on down), so that a child
+    session can run as a workflow of its own on every worker built from the same code.
 
     Raises:
         ConfigurationError: another agent is registered under ``name``.
@@ -35,8 +38,70 @@ def register(name: str, agent: Agent, *, providers: Iterable[Provider] = ()) -> 
     if held is not None and held is not agent:
         raise ConfigurationError(f"another agent is registered as {name!r} in this process")
     _AGENTS[name] = agent
+    _NAMES.setdefault(id(agent), name)
     found = {provider_key(p): p for p in (agent.provider, *providers, *_reachable(agent))}
     _PROVIDERS[name] = found
+    if held is None:
+        for child_name, child in child_agents(name, agent):
+            if child_name not in _AGENTS and id(child) not in _NAMES:
+                register(child_name, child)
+
+
+_NAMES: dict[int, str] = {}
+"""The name each registered agent (by identity) was first registered under."""
+
+
+def name_of(agent: Agent) -> str | None:
+    """The name ``agent`` (this very object) is served under in this process, or ``None``."""
+    name = _NAMES.get(id(agent))
+    return name if name is not None and _AGENTS.get(name) is agent else None
+
+
+def child_agents(name: str, agent: Agent) -> list[tuple[str, Agent]]:
+    """The agents ``agent``'s tools hold (an agent tool's sub-agent, a Team's workers, a handoff's
+    agents: the agents the tool's function closes over or keeps as attributes, lists and dicts
+    included, and those of an object it closes over, one level down), with their derived names: ``name/tool``
+    for a tool's first agent, ``name/tool/i`` for its ``i``-th after that, in the order the tool
+    holds them (the same on every worker built from the same code)."""
+    from ..agent import Agent as _Agent
+
+    def items(value: Any) -> tuple[Any, ...]:
+        if isinstance(value, (list, tuple)):
+            return tuple(value)
+        if isinstance(value, dict):
+            return tuple(value.values())
+        return (value,)
+
+    out: list[tuple[str, Agent]] = []
+    for tool in agent.tools:
+        found: list[Agent] = []
+
+        def take(v: Any) -> bool:
+            if isinstance(v, _Agent):
+                if v is not agent and all(v is not f for f in found):
+                    found.append(v)
+                return True
+            return False
+
+        fn = getattr(tool, "fn", None)
+        cells = [c.cell_contents for c in (getattr(fn, "__closure__", None) or ()) if _filled(c)]
+        for value in (*cells, *_attributes(tool)):
+            for v in items(value):
+                if not take(v) and not callable(v):
+                    # an object the tool's function closes over (a Team, a Handoffs chain): its agents
+                    for inner in _attributes(v):
+                        for w in items(inner):
+                            take(w)
+        out += [(f"{name}/{tool.name}" + (f"/{i}" if i else ""), a) for i, a in enumerate(found)]
+    return out
+
+
+def _filled(cell: Any) -> bool:
+    try:
+        cell.cell_contents  # noqa: B018 - an empty cell raises
+    except ValueError:
+        return False
+    return True
 
 
 def registered() -> dict[str, Agent]:
