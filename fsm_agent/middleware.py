@@ -317,7 +317,9 @@ class Middleware:
             ``()`` hides the event like ``None``). A tuple lets a filter that held text back release
             it before the event that ends the text (a block's end, ``MessageComplete``): the
             ``redaction`` plugin does this. What the model answered is not changed by this hook (the
-            final response is taken before it): use :meth:`wrap_model_call` for that.
+            final response is taken before it): use :meth:`wrap_model_call` for that. What the run
+            keeps of a stream cut short (a failed call's ``stop.partial``, an interrupted answer kept
+            in the transcript) is the text deltas as the filters passed them on.
 
         Raises:
             Nothing, by contract. Every exception here, ``StopRun`` included, is a failure of this

@@ -1,4 +1,4 @@
-"""Redaction: mask secrets and personal data before the model, in stream events and in logs.
+"""Redaction: mask secrets and personal data before the model, in stream events, in the record and in logs.
 
 Where masking happens (and nothing else is touched):
 
@@ -42,14 +42,26 @@ Where masking happens (and nothing else is touched):
    execution only; the transcript keeps the model's call with placeholders.
    The tool's result goes into the transcript as the tool returned it and is
    masked again at the next PreTurn, before the model sees it.
+6. **The answer of record** — ``wrap_model_call`` masks the model's response before the turn goes on
+   with it (``mask_record=True``, the default): text blocks, the refusal, tool calls' arguments
+   (``input`` and ``raw_input``) and thinking blocks without a signature, redacted data or protocol
+   data (signed thinking is kept: the provider checks it when it is sent back; it was masked live).
+   So the transcript, the session log's ``message`` events (which the server's SSE stream sends),
+   ``RunResult.output`` and the tools get placeholders for a value the model wrote itself. What the
+   engine records of a cut stream (a failed call's ``stop.partial``, an interrupted answer kept in the
+   transcript) is the stream as the filters showed it: masked by ``on_model_event``. A resumed run
+   (new state) re-masks the transcript and counts the placeholders already in it as given, so their
+   numbers are never given to another value (their originals, never in any message, are not known
+   any more: a tool gets such a placeholder as it is).
 
-Not covered: images, audio, files and ``UserImageMessage`` (binary); thinking
-blocks (their text is signed by Anthropic; the model wrote them from masked
-input); ``ExtensionBlock`` data (sent back verbatim to its protocol); numbers
-(not strings) in tool arguments; tool definitions; the transcript, ``RunResult``
-and the store (the conversation of record keeps originals); observer events
-other than model stream events (``ToolFinished.result`` holds what the tool
-returned); AWS secret keys and other unlabelled high-entropy strings; phone
+Not covered: images, audio, files and ``UserImageMessage`` (binary); signed
+thinking blocks in the record (their text is signed by Anthropic) and, before the model,
+thinking blocks at all; ``ExtensionBlock`` data (sent back verbatim to its protocol); citations of
+text blocks; numbers (not strings) in tool arguments; tool definitions; the user's messages and the
+tools' results in the transcript and the store (they are recorded as given and masked before the
+model); ``MessageResponse.extra`` (a provider's extra choices); a provider error's message in the
+stop's detail and error; observer events other than model stream events (``ToolFinished.result``
+holds what the tool returned); AWS secret keys and other unlabelled high-entropy strings; phone
 numbers without ``+`` in formats other than ``(555) 123-4567`` / ``555-123-4567``.
 A placeholder typed by the user themselves is treated as a placeholder.
 """
@@ -64,9 +76,9 @@ from typing import Any
 import regex
 from attrs import evolve, field, frozen
 
-from fsm_agent import ConfigurationError, Middleware, Ordering, RunContext
+from fsm_agent import ConfigurationError, Middleware, ModelCallNext, Ordering, RunContext
 from fsm_agent.types import (AssistantMessage, ContentBlockEnd, ContentBlockStart, ErrorEvent, Message,
-                             MessageComplete, MessageStart, RefusalDelta, StreamEvent, SystemMessage, TextBlock,
+                             MessageComplete, MessageRequest, MessageResponse, MessageStart, RefusalDelta, StreamEvent, SystemMessage, TextBlock,
                              TextDelta, ThinkingBlock, ThinkingDelta, ToolCallArgumentsDelta, ToolCallEnd,
                              ToolResultBlock, ToolResultMessage, ToolUseBlock, UserMessage)
 
@@ -88,6 +100,36 @@ def _walk(value: Any, fn: Callable[[str], str]) -> Any:
     if isinstance(value, list):
         return [_walk(v, fn) for v in value]
     return value
+
+
+def _reserve(m: Message, counts: dict[str, int]) -> None:
+    """Count the placeholders already written in ``m`` as given: a resumed run (new state) re-masks
+    a transcript whose model-written values were recorded masked (their originals are in no message),
+    and must not give their numbers to other values."""
+    def see(text: str) -> str:
+        if "[REDACTED:" in text:
+            for kind, n in PLACEHOLDER.findall(text):
+                if int(n) > counts.get(kind, 0):
+                    counts[kind] = int(n)
+        return text
+
+    for b in getattr(m, "content", ()):
+        if isinstance(b, TextBlock):
+            see(b.text)
+        elif isinstance(b, ThinkingBlock):
+            see(b.thinking)
+        elif isinstance(b, ToolUseBlock):
+            _walk(b.input, see)
+        elif isinstance(b, ToolResultBlock):
+            for x in b.content:
+                if isinstance(x, TextBlock):
+                    see(x.text)
+
+
+def _unsigned(b: ThinkingBlock) -> bool:
+    """Whether a thinking block may be masked in the record: no signature, redacted data or protocol
+    data that the provider checks or needs verbatim when the block is sent back."""
+    return b.signature is None and b.redacted_data is None and b.provider_data is None
 
 
 def luhn_valid(number: str) -> bool:
@@ -369,7 +411,8 @@ class RedactionFilter(logging.Filter):
 
 
 class Redaction(Middleware):
-    """Mask secrets and personal data before the model, in stream events and in logs (see the module doc).
+    """Mask secrets and personal data before the model, in stream events, in the answer of record and in
+    logs (see the module doc).
 
     Args:
         kinds: built-in kinds to use (``None``: all of :data:`DEFAULT_RULES`).
@@ -378,6 +421,9 @@ class Redaction(Middleware):
         restore_in_tool_args: ``True`` to put originals back into every tool's arguments, or the
             names of the tools allowed to receive them; ``False`` (default): tools get placeholders.
         mask_events: mask model stream events before observers see them (default ``True``).
+        mask_record: mask the model's answer before it is recorded (default ``True``): the
+            transcript, the session log, ``RunResult.output``, a failed stream's ``stop.partial``
+            (see :meth:`wrap_model_call`). ``False``: the record keeps what the model wrote.
 
     Raises:
         ConfigurationError: an unknown built-in kind, or a kind outside ``[a-z0-9_]{1,40}``.
@@ -399,6 +445,7 @@ class Redaction(Middleware):
         literals: Iterable[str] | Mapping[str, str] = (),
         restore_in_tool_args: bool | Collection[str] = False,
         mask_events: bool = True,
+        mask_record: bool = True,
     ) -> None:
         literals = dict(literals) if isinstance(literals, Mapping) else list(literals)
         self.kinds = None if kinds is None else tuple(kinds)
@@ -409,13 +456,14 @@ class Redaction(Middleware):
         r = (restore_in_tool_args,) if isinstance(restore_in_tool_args, str) else restore_in_tool_args
         self.restore_in_tool_args: bool | frozenset[str] = r if isinstance(r, bool) else frozenset(r)
         self.mask_events = mask_events
+        self.mask_record = mask_record
         self._touching = tuple(_touching(r.pattern) for r in self.rules) if mask_events else ()
 
     def __repr__(self) -> str:
         shown = r if isinstance(r := self.restore_in_tool_args, bool) else sorted(r)
         kinds = "all" if self.kinds is None else list(self.kinds)
         return (f"Redaction(kinds={kinds}, patterns={sorted(self.patterns)}, literals={self._literal_count}, "
-                f"restore_in_tool_args={shown}, mask_events={self.mask_events})")
+                f"restore_in_tool_args={shown}, mask_events={self.mask_events}, mask_record={self.mask_record})")
 
     def log_filter(self) -> RedactionFilter:
         """A logging filter with this middleware's rules and literals."""
@@ -455,8 +503,10 @@ class Redaction(Middleware):
             known = ctx.state(self).get("placeholders") or {}
         return self._masker.mask(text, lambda kind, value: known.get(value) or f"[REDACTED:{kind}]")
 
-    def _block(self, b: Any, assign: Callable[[str, str], str], thinking: bool = False) -> Any:
-        if thinking and isinstance(b, ThinkingBlock):  # observers' copy only: the model's must stay as signed
+    def _block(self, b: Any, assign: Callable[[str, str], str],
+               thinking: bool | Callable[[ThinkingBlock], bool] = False) -> Any:
+        if isinstance(b, ThinkingBlock) and (thinking(b) if callable(thinking) else thinking):
+            # the observers' copy; of the record, only thinking no provider checks on echo
             text = self._masker.mask(b.thinking, assign)
             return b if text == b.thinking else evolve(b, thinking=text)
         if isinstance(b, TextBlock):
@@ -471,7 +521,8 @@ class Redaction(Middleware):
             return b if content == b.content else evolve(b, content=content)
         return b  # images, audio, files, thinking, extensions: not covered (module doc)
 
-    def _message(self, m: Message, assign: Callable[[str, str], str], thinking: bool = False) -> Message:
+    def _message(self, m: Message, assign: Callable[[str, str], str],
+                 thinking: bool | Callable[[ThinkingBlock], bool] = False) -> Message:
         if not isinstance(m, (SystemMessage, UserMessage, AssistantMessage, ToolResultMessage)):
             return m  # UserImageMessage: not covered
         content = tuple(self._block(b, assign, thinking) for b in m.content)
@@ -487,13 +538,15 @@ class Redaction(Middleware):
         for m in ctx.messages:
             hit = cache.get(id(m))
             if hit is None or hit[0] is not m:
+                _reserve(m, state.setdefault("counts", {}))
                 hit = (m, self._message(m, assign))
                 cache[id(m)] = hit
             out.append(hit[1])
         ctx.messages = out
 
     def on_model_event(self, event: StreamEvent, ctx: RunContext) -> StreamEvent | tuple[StreamEvent, ...] | None:
-        """Mask one stream event for observers (the response the runtime keeps is not changed).
+        """Mask one stream event for observers (the response the runtime keeps is masked by
+        :meth:`wrap_model_call`; what it keeps of a cut stream is what this passed on).
 
         A delta comes back with only the text that can be released (``None`` while all of it is
         held); the event that ends a block (``ContentBlockEnd``, ``ToolCallEnd``) or the stream
@@ -563,6 +616,28 @@ class Redaction(Middleware):
                 out.append(RefusalDelta(text))
         out.append(event)
         return tuple(out)
+
+    async def wrap_model_call(self, request: MessageRequest, call_next: ModelCallNext, ctx: RunContext
+                              ) -> MessageResponse:
+        """Mask the answer of record: the response the turn goes on with (its message enters the
+        transcript, the session log and ``RunResult.output``) gets this run's placeholders in its text
+        blocks, its refusal and its tool calls' arguments (``input``, every string in it, and
+        ``raw_input``), so that a secret the model writes (a value it was never sent) is recorded as
+        it was streamed: masked. Thinking blocks are left as they are when the provider checks them on
+        echo (a ``signature``, ``redacted_data`` or ``provider_data``); unsigned thinking is masked.
+        Placeholders are numbered by first appearance in the run (the stream's masking, in the same
+        order, already named the values), so a replay records the same text. A tool listed in
+        ``restore_in_tool_args`` still gets the originals (:meth:`wrap_tool_call`)."""
+        response = await call_next(request)
+        if not self.mask_record:
+            return response
+        assign = self._assigner(ctx.state(self))
+        message = self._message(response.message, assign, thinking=_unsigned)
+        assert isinstance(message, AssistantMessage)  # _message keeps the message type
+        refusal = None if response.refusal is None else self._masker.mask(response.refusal, assign)
+        if message is response.message and refusal == response.refusal:
+            return response
+        return evolve(response, message=message, refusal=refusal)
 
     async def wrap_tool_call(self, call: ToolUseBlock, call_next: ToolCallNext, ctx: RunContext) -> ToolResultMessage:
         """Run the tool with this run's placeholders in its arguments swapped back to the originals,

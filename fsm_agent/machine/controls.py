@@ -127,17 +127,22 @@ class Controls:
 
     def keep_cut_answer(self) -> str:
         """A model call was cut: keep the text that had streamed (as an assistant message marked
-        ``interrupted``) and count the call's tokens as an estimate. Returns a note for the stop detail."""
+        ``interrupted``) and count the call's tokens as an estimate. Returns a note for the stop detail.
+
+        The text kept is what the chain's stream filters had passed on when there are any
+        (:attr:`ModelTrace.kept <fsm_agent.machine.port.ModelTrace.kept>`: masked by the ``redaction``
+        plugin, without what it still held); the estimate counts all that streamed."""
         h = self.h
         fl = h.inflight
-        partial = fl.trace.streamed
+        streamed, partial = fl.trace.streamed, fl.trace.kept
         fl.trace.text.clear()
+        fl.trace.shown = None
         request = fl.request
         if request is None:  # no call in flight: it completed (its answer is recorded) or never began
             return ""
-        h.accounting.cut(request, partial)
+        h.accounting.cut(request, streamed)
         fl.request = None
-        h.record("model_call_interrupted", {"streamed_chars": len(partial)})
+        h.record("model_call_interrupted", {"streamed_chars": len(streamed)})
         if not partial:
             return ""
         h.append(AssistantMessage((TextBlock(partial),), {"interrupted": True}))

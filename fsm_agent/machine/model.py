@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
@@ -30,7 +31,7 @@ from ..types.events import ModelRetry, ModelStreamEvent, OutputPartial
 from ..types.messages import AssistantMessage, Message, ModelStopReason
 from ..types.requests import MessageRequest, MessageResponse
 from ..types.run import StopReason
-from ..types.stream import ErrorEvent, MessageComplete, StreamEvent
+from ..types.stream import ErrorEvent, MessageComplete, StreamEvent, TextDelta
 from .controls import Controls
 from .host import ControlCut, Host
 from .outcome import Move, Outcome, Stop
@@ -68,6 +69,7 @@ class ModelPhase:
         (``model_retry``)."""
         h = self.h
         stream = h.run_state.config.stream
+        on_event: Callable[[StreamEvent], Awaitable[None]] | None
         on_event = self._on_event if stream and not quiet and (h.chain.filters_model_events
                                                                or h.bus.wants(ModelStreamEvent)) else None
         if not quiet:
@@ -75,40 +77,48 @@ class ModelPhase:
             if self._partial is not None and on_event is None:
                 on_event = self._on_event
         ended = True  # the last stream event seen ended its stream (MessageComplete, ErrorEvent), or none came
+        shown: list[str] | None = None
         if on_event is not None and h.chain.filters_model_events:
-            watched = on_event
+            # the filters decide what of the stream is shown, and so what of it the run records
+            shown = trace.shown = []
 
             async def on_event(event: StreamEvent) -> None:
                 nonlocal ended
                 ended = type(event) in (MessageComplete, ErrorEvent)
-                await watched(event)
+                await self._on_event(event, shown)
         try:
             return await h.port.call_model(provider, request, stream=stream, on_event=on_event,
                                            on_retry=self._on_retry, trace=trace, deadline_s=deadline_s)
         except Exception as exc:
+            if not ended:
+                await self._stream_failed(exc, shown)
             fl = h.inflight
             if trace is fl.trace:  # a failed call takes its streamed text with it: it is not an answer
-                fl.failed_partial = trace.streamed
+                fl.failed_partial = trace.kept
                 trace.text.clear()
-            if not ended:
-                await self._stream_failed(exc)
+                trace.shown = None
             raise
 
-    async def _stream_failed(self, exc: Exception) -> None:
+    async def _stream_failed(self, exc: Exception, shown: list[str] | None = None) -> None:
         """A stream that raised without an ``ErrorEvent`` of its own (a provider other than the HTTP ones,
         a deadline, a broken parser): the chain's filters get one, as every HTTP provider sends before it
         raises, so that a filter holding text back (the ``redaction`` plugin) releases it, masked, to the
         observers before the call fails. The error being raised stays the call's error: a filter that
         fails here is logged, never raised in its place."""
         try:
-            await self._on_event(ErrorEvent(getattr(exc, "kind", None) or "error", str(exc)))
+            await self._on_event(ErrorEvent(getattr(exc, "kind", None) or "error", str(exc)), shown)
         except Exception:  # noqa: BLE001 - the provider's error is the one to raise
             log.exception("a stream filter failed on the error event of a failed model call")
 
-    async def _on_event(self, event: StreamEvent) -> None:
+    async def _on_event(self, event: StreamEvent, shown: list[str] | None = None) -> None:
+        """One stream event through the chain's filters to the observers; ``shown`` (the call's
+        :attr:`ModelTrace.shown <fsm_agent.machine.port.ModelTrace.shown>`) collects the text deltas
+        the filters passed on."""
         h = self.h
         ctx = h.view
         events = h.chain.model_event(event, ctx) if h.chain.filters_model_events else (event,)
+        if shown is not None:
+            shown.extend(ev.text for ev in events if type(ev) is TextDelta)
         if events and h.bus.wants(ModelStreamEvent):
             for ev in events:  # a filter may hide an event or put several in its place
                 await h.bus.emit(ModelStreamEvent(ctx.session_id, h.run_state.turn, ev, ctx.state_name))
@@ -132,7 +142,10 @@ class ModelPhase:
         and the observers, delivered before the wait. The failed attempt's streamed text is dropped (a
         stream retried after content restarts the answer)."""
         h = self.h
-        h.inflight.trace.text.clear()
+        trace = h.inflight.trace
+        trace.text.clear()
+        if trace.shown is not None:
+            trace.shown.clear()
         if self._partial is not None:
             self._partial.reset()
         h.view.emit(ModelRetry(h.session_id, h.run_state.turn, attempt, exc.status, exc.kind, exc.message[:2000], delay_s,
@@ -319,14 +332,17 @@ class ModelPhase:
         ``{"error": ...}`` chunk, a dropped connection): nothing that streamed enters the
         conversation and nothing of the call is counted as an answer's usage, so a resume (or an
         in-run retry) asks again from the same history. The streamed text rides the stop as
-        ``partial``, for the user; a ``model_call_failed`` event records the call."""
+        ``partial``, for the user, as the stream's filters showed it (:attr:`ModelTrace.kept
+        <fsm_agent.machine.port.ModelTrace.kept>`: masked by the ``redaction`` plugin); a
+        ``model_call_failed`` event records the call."""
         if isinstance(exc, ContentFilteredError):
             return self._content_filtered(None, error=exc)
         h = self.h
         fl = h.inflight
         reason = StopReason.FAILED_RETRYABLE if exc.retryable else StopReason.FAILED_TERMINAL
-        partial = fl.failed_partial or fl.trace.streamed
+        partial = fl.failed_partial or fl.trace.kept
         fl.trace.text.clear()
+        fl.trace.shown = None
         fl.failed_partial = ""
         fl.request = None
         h.record("model_call_failed", {"kind": exc.kind, "status": exc.status, "streamed_chars": len(partial)})

@@ -81,11 +81,23 @@ class ModelTrace:
 
     text: list[str] = field(factory=list)
     """The text deltas received, in order."""
+    shown: list[str] | None = None
+    """The text deltas as the chain's ``on_model_event`` filters passed them on to the observers (a
+    filter may mask text or hold it back: the ``redaction`` plugin), in order; ``None`` when no filter
+    was put on this stream (the engine sets it)."""
 
     @property
     def streamed(self) -> str:
         """The text received so far."""
         return "".join(self.text)
+
+    @property
+    def kept(self) -> str:
+        """The streamed text as the run records it (a failed call's ``stop.partial``, a cut answer kept
+        in the transcript): what the filters passed on when the stream had filters, else :attr:`streamed`.
+        So a filter's masking reaches the record too, and text a filter still held when the call ended
+        (never shown) is not recorded."""
+        return self.streamed if self.shown is None else "".join(self.shown)
 
 
 class EffectPort(Protocol):

@@ -91,7 +91,9 @@ class RunStop:
     dropped connection): the text that had streamed, for the user to see. It is **not** part of
     the conversation (``RunResult.messages``): a resume asks again from the history before it.
     ``None`` when nothing had streamed, or the stop is not such a failure. (An Interrupt or the
-    wall clock keeps the streamed part in the conversation instead.)"""
+    wall clock keeps the streamed part in the conversation instead.) With middleware that filter
+    stream events (``on_model_event``), it is the text as they passed it on to the observers: the
+    ``redaction`` plugin's placeholders in place of secrets, without a tail still held back."""
 
 
 @frozen

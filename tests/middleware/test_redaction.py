@@ -120,7 +120,7 @@ def test_repr_shows_options_but_never_literal_values() -> None:
     r = Redaction(kinds=["email", "phone"], patterns={"ticket": "t"}, literals=["hunter2", "swordfish"],
                   restore_in_tool_args={"send_email", "crm"})
     assert repr(r) == ("Redaction(kinds=['email', 'phone'], patterns=['ticket'], literals=2, "
-                       "restore_in_tool_args=['crm', 'send_email'], mask_events=True)")
+                       "restore_in_tool_args=['crm', 'send_email'], mask_events=True, mask_record=True)")
     assert "hunter2" not in repr(r)
 
 
@@ -176,19 +176,25 @@ async def test_redaction_masks_what_other_innermost_pre_turn_middleware_add() ->
     assert provider.requests[0].messages[-1] == UserMessage("Notice: the tool keeps returning '[REDACTED:email:1]'")
 
 
-async def test_without_restore_tools_get_placeholders_and_model_written_values_are_masked_next_turn() -> None:
+async def test_without_restore_tools_get_placeholders_also_for_values_the_model_wrote() -> None:
+    """A value the model wrote itself (never sent to it) is masked in its answer of record, tool-call
+    arguments included: a tool not allowed the originals gets the placeholder, as the model's next
+    request and the transcript show it."""
     tools, calls = mail_tools()
     provider = ScriptedProvider([tool_call_response(("send_email", {"to": "bob@corp.io", "body": "[REDACTED:email:1]"})),
                                  "ok"])
-    await Agent(provider, tools=tools, middleware=[Redaction()]).run(f"Forward {EMAIL} to Bob")
-    assert calls == [{"tool": "send_email", "to": "bob@corp.io", "body": "[REDACTED:email:1]"}]
+    result = await Agent(provider, tools=tools, middleware=[Redaction()]).run(f"Forward {EMAIL} to Bob")
+    assert calls == [{"tool": "send_email", "to": "[REDACTED:email:2]", "body": "[REDACTED:email:1]"}]
     assistant = provider.requests[1].messages[1]
     assert isinstance(assistant, AssistantMessage)
     assert assistant.tool_calls[0].input == {"to": "[REDACTED:email:2]", "body": "[REDACTED:email:1]"}
     assert provider.requests[1].messages[2].text == "sent to [REDACTED:email:2]"
+    recorded = result.messages[1]
+    assert isinstance(recorded, AssistantMessage)
+    assert recorded.tool_calls[0].input == {"to": "[REDACTED:email:2]", "body": "[REDACTED:email:1]"}
 
 
-async def test_observers_see_masked_stream_events_while_the_run_keeps_the_answer() -> None:
+async def test_observers_see_masked_stream_events_and_the_run_records_the_answer_masked() -> None:
     tools, _ = mail_tools()
     rec = Recorder()
     provider = ScriptedProvider([tool_call_response(("note", {"text": "call +1 555 123 4567"})),
@@ -200,7 +206,8 @@ async def test_observers_see_masked_stream_events_while_the_run_keeps_the_answer
     assert "".join(e.arguments for e in events if isinstance(e, ToolCallArgumentsDelta)) == '{"text":"call [REDACTED:phone:1]"}'
     assert [e.call.input for e in events if isinstance(e, ToolCallEnd)] == [{"text": "call [REDACTED:phone:1]"}]
     assert [e.full_response.text for e in events if isinstance(e, MessageComplete)] == ["", "Write to [REDACTED:email:1]"]
-    assert result.output == "Write to carol@example.net"  # the runtime's response is the model's own
+    assert result.output == "Write to [REDACTED:email:1]"  # the answer of record is masked the same way
+    assert "carol@example.net" not in repr(result.messages) and "555 123 4567" not in repr(result.messages)
 
 
 def _chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
