@@ -26,6 +26,7 @@ import asyncio
 import contextvars
 import copy
 import time
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
@@ -116,7 +117,12 @@ def hosted(agent: Agent, *, parent_id: str, call_id: str | None) -> Agent:
         return agent
     twin = copy.copy(agent)
     twin.host = host
+    _IN_PROCESS[twin] = agent
     return twin
+
+
+_IN_PROCESS: weakref.WeakKeyDictionary[Agent, Agent] = weakref.WeakKeyDictionary()
+"""The agent each :func:`hosted` copy was made from, for what runs in process."""
 
 
 def _terminal(state: str) -> StopReason | None:
@@ -525,6 +531,9 @@ async def cancel_child(agent: Agent, child_id: str, reason: str, *, confirm: boo
         found = await host.stop_child(agent, child_id, "cancel", reason or Cancel().reason)
         if found is not None:  # its workflow was open: it applied the Cancel
             return found.stop.reason  # type: ignore[no-any-return]
+        # no workflow of it is open (its wait ran out): a child hosted for this context is cancelled
+        # here, in process, from the store (a new workflow would not see a Cancel queued in the store)
+        agent = _IN_PROCESS.get(agent, agent)
     awaits_confirmation = (rec.stop or {}).get("required_decision") == "confirm_cancel"
     if confirm and stopped is StopReason.WAITING_HUMAN and awaits_confirmation:
         return (await _resume_when_free(agent, child_id, confirm_cancel=True)).stop.reason

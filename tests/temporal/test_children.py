@@ -13,7 +13,7 @@ import pytest
 from temporalio.client import WorkflowExecutionStatus
 
 from fsm_agent import Agent, ScriptedProvider, StopReason, tool
-from fsm_agent.control import Interrupt
+from fsm_agent.control import Cancel, Interrupt
 from fsm_agent.errors import SessionLinkError
 from fsm_agent.orchestration.subagent import agent_tool
 from fsm_agent.providers import tool_call_response
@@ -256,3 +256,31 @@ async def test_a_handoffs_successor_runs_as_a_workflow_of_its_own(temporal_clien
     rec = await store.get_session(link.child_id)
     assert rec is not None and rec.state == StopReason.COMPLETED.value
     assert len(triage_p.requests) == 1 and len(billing_p.requests) == 1
+
+
+async def test_a_cancel_of_the_parent_cancels_the_child_workflow(temporal_client, task_queue, tmp_path) -> None:
+    store = SQLiteStore(tmp_path / "s.db")
+    name = "tests.children:" + uuid.uuid4().hex[:6]
+    child_provider = ScriptedProvider([tool_call_response(("slow", {"n": 61})), "never"])
+    sleeper = Agent(child_provider, tools=[slow], store=store)
+    lead = Agent(ScriptedProvider([tool_call_response(("sleeper", {"task": "sleep"})), "never"]),
+                 tools=[agent_tool(sleeper, name="sleeper", description="Sleeps.")], store=store)
+    client_agent = Agent(ScriptedProvider([]), store=store,
+                         host=TemporalHost(temporal_client, agent_name=name, task_queue=task_queue))
+    sid = "p-" + uuid.uuid4().hex[:8]
+    async with create_worker(temporal_client, {name: lead}, task_queue=task_queue):
+        STARTED.clear()
+        run = asyncio.ensure_future(client_agent.run("go", session_id=sid))
+        for _ in range(400):
+            if STARTED or run.done():
+                break
+            await asyncio.sleep(0.05)
+        assert STARTED == [61]
+        await client_agent.control(sid, Cancel("not needed any more"))
+        stopped = await asyncio.wait_for(run, 60)
+        [link] = await store.children(sid)
+        child_wf = await temporal_client.get_workflow_handle(link.child_id).describe()
+    assert stopped.stop.reason is StopReason.CANCELLED, stopped.stop.detail
+    assert (await store.get_session(link.child_id)).state == StopReason.CANCELLED.value
+    assert child_wf.status is WorkflowExecutionStatus.COMPLETED  # its workflow ended with the CANCELLED stop
+    assert STARTED == [61] and len(child_provider.requests) == 1 and len(lead.provider.requests) == 1
