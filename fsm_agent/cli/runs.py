@@ -97,6 +97,10 @@ async def run_command(args: argparse.Namespace, out: TextIO, err: TextIO, progre
         result = await temporal_run(args, out, err)
         progress.result, progress.session_id = result, result.session_id
         return report(result, args, None, out, err, {})  # temporal_run printed the answer
+    if getattr(args, "agent", None):
+        raise ConfigurationError(f"--agent {args.agent}: `run` takes --agent only with --temporal (the agent the "
+                                 "workers serve); to run a module's agent here, use the Python API, or serve it "
+                                 "with `fsm-agent serve --agent`")
     settings = settings_of(args)
     config = RunConfig(max_iterations=args.max_iterations, max_wall_clock=args.timeout, max_tokens=args.max_tokens,
                        max_output_tokens=args.max_output_tokens, stream=not args.no_stream)  # checks the values
