@@ -264,13 +264,20 @@ def continuing_calls(loop: Loop, calls: Sequence[ToolUseBlock]) -> list[str]:
     return out
 
 
+NOTICE_RESULT_CHARS = 80
+"""Characters of each repeated result the loop notice quotes (the rest cut, marked with …)."""
+
+
 def loop_notice(loop: Loop, then: _Then = "warn") -> str:
     """The warning the model reads (seed 000 §5.4.3's "Loop detected ... try a different
     approach"), with the calls, how often they came back and what they returned; the last sentence
     says what going on will bring (``then``)."""
     what = (f"called {loop.pattern[0]}" if loop.length == 1
             else f"repeated the sequence {' -> '.join(loop.pattern)}")
-    shown = "; ".join(repr(r) for r in loop.results if r) or "no output"
+    # each result cut short: the notice is added after the PreTurn plugins (compaction among them),
+    # so it must stay small whatever the tools returned
+    shown = "; ".join(repr(r if len(r) <= NOTICE_RESULT_CHARS else r[:NOTICE_RESULT_CHARS] + "…")
+                      for r in loop.results if r) or "no output"
     after = {"warn": "Repeating it will not change the result.",
              "block": "Repeating it will not change the result, and it will not be run again.",
              "stop": "Repeating it will not change the result, and repeating it again ends the run."}[then]
