@@ -8,22 +8,20 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-import pytest
 
-pytest.importorskip("opentelemetry.sdk", reason="the otel extra (opentelemetry-sdk) is not installed")
+# The otel extra is part of the dev extra the test command installs: a missing SDK fails here.
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from temporalio.client import Client
+from temporalio.contrib.opentelemetry import TracingInterceptor
 
-from opentelemetry.sdk.trace import TracerProvider  # noqa: E402
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter  # noqa: E402
-from temporalio.client import Client  # noqa: E402
-from temporalio.contrib.opentelemetry import TracingInterceptor  # noqa: E402
-
-from fsm_agent import Agent, ScriptedProvider, StopReason, tool  # noqa: E402
-from fsm_agent.otel import OtelSettings  # noqa: E402
-from fsm_agent.providers import tool_call_response  # noqa: E402
-from fsm_agent.store import SQLiteStore  # noqa: E402
-from fsm_agent.temporal import TemporalHost, create_worker  # noqa: E402
-from fsm_agent.types import ToolUseBlock  # noqa: E402
+from fsm_agent import Agent, ScriptedProvider, StopReason, tool
+from fsm_agent.otel import OtelSettings
+from fsm_agent.providers import tool_call_response
+from fsm_agent.store import SQLiteStore
+from fsm_agent.temporal import TemporalHost, create_worker
+from fsm_agent.types import ToolUseBlock
 
 
 @tool
