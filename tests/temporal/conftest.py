@@ -4,15 +4,32 @@ started (``$FSM_AGENT_TEST_TEMPORAL``, host:port), else one started here on a fr
 from __future__ import annotations
 
 import os
+import socket
+import time
 import uuid
 
 import pytest
+
+
+def _wait_for(target: str, timeout: float = 60.0) -> None:
+    """Wait until the server at ``target`` (host:port) takes connections; fail saying so otherwise."""
+    host, _, port = target.rpartition(":")
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            socket.create_connection((host, int(port)), timeout=2).close()
+            return
+        except OSError as exc:
+            if time.monotonic() > deadline:
+                pytest.fail(f"FSM_AGENT_TEST_TEMPORAL={target}: no Temporal server answers there ({exc})")
+            time.sleep(0.5)
 
 
 @pytest.fixture(scope="session")
 def temporal_target():
     given = os.environ.get("FSM_AGENT_TEST_TEMPORAL")
     if given:
+        _wait_for(given)
         yield given
         return
     from fsm_agent.temporal.devserver import DevServer
