@@ -124,8 +124,14 @@ def validate_value(value: Any, schema: OutputSchema) -> str | None:
     Raises:
         ConfigurationError: the schema itself is not valid JSON Schema.
     """
+    return _error_text(value, schema)
+
+
+def _error_text(value: Any, schema: OutputSchema, keep: Callable[[Any], bool] | None = None) -> str | None:
+    """The schema's errors on ``value`` (those ``keep`` keeps, when given) as text, ``None`` for none:
+    one line per failed constraint, in path order, at most :data:`MAX_ERRORS` lines."""
     try:
-        errors = sorted(_validator(schema.schema).iter_errors(value),
+        errors = sorted((e for e in _validator(schema.schema).iter_errors(value) if keep is None or keep(e)),
                         key=lambda e: ([str(p) for p in e.absolute_path], str(e.validator)))
     except RecursionError:
         return "$: the value nests arrays or objects too deeply to be checked; give a flatter value"
@@ -372,18 +378,7 @@ def validate_partial(value: Any, schema: OutputSchema, open_paths: Iterable[tupl
     if string_path is not None:
         string_path = tuple(string_path)
         opened.add(string_path)
-    try:
-        errors = sorted((e for e in _validator(schema.schema).iter_errors(value)
-                         if not _forgiven(e, opened, string_path)),
-                        key=lambda e: ([str(p) for p in e.absolute_path], str(e.validator)))
-    except RecursionError:
-        return "$: the value nests arrays or objects too deeply to be checked; give a flatter value"
-    if not errors:
-        return None
-    lines = [_describe(e) for e in errors[:MAX_ERRORS]]
-    if len(errors) > MAX_ERRORS:
-        lines.append(f"... and {len(errors) - MAX_ERRORS} more")
-    return "\n".join(lines)
+    return _error_text(value, schema, lambda e: not _forgiven(e, opened, string_path))
 
 
 def _forgiven(error: Any, opened: set[tuple[Any, ...]], string_path: tuple[Any, ...] | None) -> bool:

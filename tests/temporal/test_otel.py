@@ -8,7 +8,6 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-
 # The otel extra is part of the dev extra the test command installs: a missing SDK fails here.
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
