@@ -68,8 +68,8 @@ def _why_not() -> str | None:
 
 @contextlib.contextmanager
 def _traversable(*paths: str) -> Iterator[None]:
-    """Let any uid pass through the directories above ``paths`` for the block (``o+x``), then put
-    their modes back. A checkout and its venv often sit under a mode-700 directory (``/root``, a
+    """Let any uid pass through the directories above ``paths`` for the block (``o+x``), and list
+    ``paths`` themselves (``o+r``: they are import path entries), then put their modes back. A checkout and its venv often sit under a mode-700 directory (``/root``, a
     ``mktemp -d``), which the unprivileged uid could not enter to import fsm_agent."""
     changed: list[tuple[str, int]] = []
     try:
@@ -78,8 +78,10 @@ def _traversable(*paths: str) -> Iterator[None]:
             for i in range(2, len(parts) + 1):
                 d = os.sep.join(parts[:i])
                 mode = stat.S_IMODE(os.stat(d).st_mode)
-                if not mode & stat.S_IXOTH and all(d != c for c, _ in changed):
-                    os.chmod(d, mode | stat.S_IXOTH)
+                # the paths themselves are import path entries: Python lists them (o+r), not only enters
+                need = stat.S_IXOTH | (stat.S_IROTH if i == len(parts) else 0)
+                if mode & need != need and all(d != c for c, _ in changed):
+                    os.chmod(d, mode | need)
                     changed.append((d, mode))
         yield
     finally:
